@@ -1,0 +1,58 @@
+"""Atomic file output: write to a temporary sibling, then rename."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator, Union
+
+__all__ = ["atomic_write", "atomic_dir"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> Iterator[IO]:
+    """Open a temporary file beside ``path``; rename it onto ``path`` on success.
+
+    On any exception the temporary file is removed and ``path`` is untouched, so a
+    reader never sees a half-written output.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; move it onto ``path`` on success.
+
+    An existing ``path`` is replaced only after the new one is complete.
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

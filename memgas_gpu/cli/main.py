@@ -1,0 +1,36 @@
+"""``memgas`` command group; subcommands are registered at the bottom."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import MemgasError
+
+
+class _Group(click.Group):
+    """Report library errors as one line and exit 2 (bad input), no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MemgasError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="memgas")
+def cli() -> None:
+    """memgas: multi-granularity long-term conversational memory retrieval (MemGAS)."""
+
+
+def main() -> None:  # console-script entry point
+    cli(prog_name="memgas")
+
+
+# --- subcommands (one module each) -------------------------------------------------
+from .stats import stats  # noqa: E402
+
+cli.add_command(stats)

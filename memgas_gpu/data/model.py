@@ -1,0 +1,134 @@
+"""The one internal data model every source loads into.
+
+``Dataset`` → ``Conversation(id, sessions, questions)`` → ``Session(id, date, turns)``
+and ``Question(...)``.  Turn text already follows the reference rules (DESIGN.md
+"Data"): each message is rendered ``[role]: content`` and consecutive messages are
+merged in pairs into one turn, so ``Session.text`` is ``"\\n".join(turns)``.
+
+Sessions are immutable and hashable by identity; loaders share one ``Session``
+object for every ``(id, content)`` that recurs across haystacks (LongMemEval), so
+downstream work (encoding, summaries) can be deduplicated by content.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+__all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages"]
+
+
+def pair_messages(messages: Sequence[str]) -> tuple[str, ...]:
+    """Merge consecutive rendered messages in pairs: ``msg0 + "\\n" + msg1``.
+
+    An odd trailing message stays a turn of its own (the reference's behaviour).
+    """
+    return tuple(
+        "\n".join(messages[i : i + 2]) for i in range(0, len(messages), 2)
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Session:
+    """One chat session.
+
+    Attributes:
+        id: session id (LongMemEval's ``answer_`` prefix already dropped).
+        date: the session's timestamp string as given by the source ("" if none).
+        turns: turn texts (pairs of rendered messages, see :func:`pair_messages`).
+        has_answer: per turn, whether any of its messages carried ``has_answer``
+            (LongMemEval evidence flags; all False for other sources).
+    """
+
+    id: str
+    date: str
+    turns: tuple[str, ...]
+    has_answer: tuple[bool, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The session text S: turns joined by newlines."""
+        return "\n".join(self.turns)
+
+    @property
+    def content_key(self) -> str:
+        """A stable hash of (id, turns) used to share/dedupe sessions."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.id.encode())
+        for t in self.turns:
+            h.update(b"\x00")
+            h.update(t.encode())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question asked at the end of a conversation.
+
+    Attributes:
+        id: question id (``*_abs`` marks LongMemEval abstention questions).
+        text: the question.
+        type: question type (LongMemEval ``question_type``; LoCoMo category name).
+        date: question date string ("" if none).
+        answer: the gold answer as a string.
+        evidence_session_ids: ids of the gold sessions (may be empty).
+        is_abstention: True for abstention/adversarial questions, which are
+            excluded from retrieval metrics.
+    """
+
+    id: str
+    text: str
+    type: str = ""
+    date: str = ""
+    answer: str = ""
+    evidence_session_ids: tuple[str, ...] = ()
+    is_abstention: bool = False
+
+
+@dataclass
+class Conversation:
+    """A history of sessions (in chronological order) and the questions about it."""
+
+    id: str
+    sessions: list[Session]
+    questions: list[Question] = field(default_factory=list)
+
+    def session_index(self) -> dict[str, int]:
+        """Map session id → position in ``sessions``."""
+        return {s.id: i for i, s in enumerate(self.sessions)}
+
+
+@dataclass
+class Dataset:
+    """A list of conversations plus where they came from."""
+
+    conversations: list[Conversation]
+    format: str = ""
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.conversations)
+
+    def __iter__(self) -> Iterator[Conversation]:
+        return iter(self.conversations)
+
+    def __getitem__(self, i: int) -> Conversation:
+        return self.conversations[i]
+
+    def get(self, conversation_id: str) -> Optional[Conversation]:
+        for c in self.conversations:
+            if c.id == conversation_id:
+                return c
+        return None
+
+    def distinct_sessions(self) -> list[Session]:
+        """Every distinct Session object, in first-seen order."""
+        seen: dict[int, Session] = {}
+        for c in self.conversations:
+            for s in c.sessions:
+                seen.setdefault(id(s), s)
+        return list(seen.values())
+
+    @property
+    def questions(self) -> list[Question]:
+        return [q for c in self.conversations for q in c.questions]
