@@ -36,14 +36,11 @@ class Session:
         id: session id (LongMemEval's ``answer_`` prefix already dropped).
         date: the session's timestamp string as given by the source ("" if none).
         turns: turn texts (pairs of rendered messages, see :func:`pair_messages`).
-        has_answer: per turn, whether any of its messages carried ``has_answer``
-            (LongMemEval evidence flags; all False for other sources).
     """
 
     id: str
     date: str
     turns: tuple[str, ...]
-    has_answer: tuple[bool, ...] = ()
 
     @property
     def text(self) -> str:
@@ -92,6 +89,8 @@ class Conversation:
     id: str
     sessions: list[Session]
     questions: list[Question] = field(default_factory=list)
+    #: summaries shipped with the source (LoCoMo's ``session_summary``), by session id
+    source_summaries: dict[str, str] = field(default_factory=dict)
 
     def session_index(self) -> dict[str, int]:
         """Map session id → position in ``sessions``."""

@@ -1,0 +1,191 @@
+"""``load_dataset``: one entry point for every supported source format."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from ..errors import DataFormatError
+from .locomo import flat_default_id, parse_locomo_record
+from .longmemeval import SessionInterner, iter_longmemeval
+from .longmtbench import parse_longmtbench_record
+from .model import Conversation, Dataset
+from ._validate import RecordContext
+
+__all__ = ["load_dataset", "detect_format", "FORMATS"]
+
+FORMATS = ("longmemeval", "locomo", "locomo_flat", "longmtbench")
+_EMPTY = ("error", "keep", "drop")
+
+# first decisive key of the first record → format
+_KEY_FORMAT = {
+    "question_id": "longmemeval", "haystack_sessions": "longmemeval",
+    "haystack_session_ids": "longmemeval", "question_type": "longmemeval",
+    "sample_id": "locomo", "conversation": "locomo", "qa": "locomo",
+    "conversation_id": "longmtbench", "questions": "longmtbench", "sessions": "longmtbench",
+    "speaker_a": "locomo_flat", "session_1": "locomo_flat",
+}
+
+
+def _first_char(path: Path) -> str:
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(4096)
+            if not chunk:
+                return ""
+            s = chunk.lstrip()
+            if s:
+                return chr(s[0])
+
+
+def detect_format(path: Union[str, os.PathLike]) -> str:
+    """Guess the format of a JSON file from its first record's keys (streaming)."""
+    import ijson
+
+    path = Path(path)
+    first = _first_char(path)
+    if first not in "[{":
+        raise DataFormatError(str(path), "not a JSON list or object: unknown format "
+                              f"(supported: {', '.join(FORMATS)})")
+    prefix = "item" if first == "[" else ""
+    with open(path, "rb") as f:
+        try:
+            for pfx, event, value in ijson.parse(f):
+                if event == "map_key" and pfx == prefix:
+                    if value in _KEY_FORMAT:
+                        fmt = _KEY_FORMAT[value]
+                        if first == "{" and fmt == "locomo":
+                            fmt = "locomo_flat"
+                        return fmt
+                elif event == "end_map" and pfx == prefix:
+                    break
+        except ijson.JSONError as e:
+            raise DataFormatError(str(path), f"invalid or truncated JSON ({e})") from None
+    raise DataFormatError(str(path), "unknown format: no field identifies it as one of "
+                          f"{', '.join(FORMATS)} (pass format=...)")
+
+
+def _load_json(path: Path):
+    try:
+        with open(path, "rb") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(str(path), f"invalid or truncated JSON: {e.msg} at line "
+                              f"{e.lineno} column {e.colno}") from None
+    except UnicodeDecodeError as e:
+        raise DataFormatError(str(path), f"not UTF-8 text ({e})") from None
+
+
+def _records(path: Path, data, fmt: str) -> list:
+    if fmt == "locomo_flat":
+        if isinstance(data, list):  # a list of flat records is accepted too
+            return data
+        return [data]
+    if not isinstance(data, list):
+        raise DataFormatError(str(path), f"expected a JSON list of records for {fmt}, "
+                              f"got {type(data).__name__}")
+    return data
+
+
+def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
+               interner: SessionInterner, progress: bool) -> list[Conversation]:
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt not in FORMATS:
+        raise DataFormatError(str(path), f"unknown format {fmt!r} (supported: auto, "
+                              f"{', '.join(FORMATS)})")
+    if fmt == "longmemeval":
+        if _first_char(path) != "[":
+            raise DataFormatError(str(path), "expected a JSON list of LongMemEval instances")
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                       desc=f"loading {path.name}", leave=False)
+        with open(path, "rb") as f:
+            last = [0]
+
+            def tick(pos: int) -> None:
+                if bar is not None:
+                    bar.update(pos - last[0])
+                    last[0] = pos
+
+            try:
+                return list(iter_longmemeval(f, str(path), interner=interner,
+                                             empty_sessions=empty_sessions,
+                                             user_only=user_only, on_record=tick))
+            finally:
+                if bar is not None:
+                    bar.close()
+    data = _load_json(path)
+    out = []
+    for i, rec in enumerate(_records(path, data, fmt)):
+        ctx = RecordContext(str(path), i)
+        if fmt == "longmtbench":
+            out.append(parse_longmtbench_record(ctx, rec, empty_sessions))
+        else:
+            flat = fmt == "locomo_flat"
+            out.append(parse_locomo_record(ctx, rec, flat=flat,
+                                           default_id=flat_default_id(path) if flat else "",
+                                           empty_sessions=empty_sessions))
+    return out
+
+
+def _sort_key(p: Path):
+    return (0, int(p.stem), "") if p.stem.isdigit() else (1, 0, p.name)
+
+
+def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
+                 empty_sessions: str = "error", user_only: bool = False,
+                 progress: bool = False) -> Dataset:
+    """Load any supported dataset into the internal model.
+
+    Args:
+        path: a JSON file, or a folder of JSON files (e.g. LoCoMo flat files).
+        format: ``"auto"`` (default: detected from the first record's keys),
+            ``"longmemeval"`` (s, m and oracle; streamed), ``"locomo"`` (the official
+            list layout), ``"locomo_flat"`` (one conversation per file) or
+            ``"longmtbench"``.
+        empty_sessions: what to do with a session without messages: ``"error"``
+            (default), ``"keep"`` or ``"drop"``.
+        user_only: LongMemEval only: index user messages only (the LongMemEval
+            harness's baselines); MemGAS indexes both roles (default False).
+        progress: show a progress bar while streaming large files.
+
+    Returns:
+        A :class:`Dataset`; sessions recurring across conversations with the same
+        id and content are one shared object.
+
+    Raises:
+        DataFormatError: naming the file, the record and the field.
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    if empty_sessions not in _EMPTY:
+        raise ValueError(f"empty_sessions must be one of {_EMPTY}, got {empty_sessions!r}")
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    interner = SessionInterner()
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir() if p.suffix == ".json" and p.is_file()),
+                       key=_sort_key)
+        if not files:
+            raise DataFormatError(str(path), "folder holds no .json files")
+    else:
+        files = [path]
+    conversations: list[Conversation] = []
+    formats = set()
+    for f in files:
+        fmt = detect_format(f) if format == "auto" else format
+        formats.add(fmt)
+        conversations += _load_file(f, fmt, empty_sessions, user_only, interner, progress)
+    seen = set()
+    for c in conversations:
+        if c.id in seen:
+            raise DataFormatError(str(path), f"duplicate conversation id {c.id!r}")
+        seen.add(c.id)
+    fmt_name = formats.pop() if len(formats) == 1 else "+".join(sorted(formats))
+    return Dataset(conversations, format=fmt_name.replace("locomo_flat", "locomo"),
+                   source=str(path))
