@@ -33,17 +33,17 @@ class DatasetStats:
 
 
 def dataset_stats(ds: Dataset) -> DatasetStats:
-    """Counts over a dataset; "distinct" counts each shared Session object once."""
+    """Counts over a dataset; "distinct" counts each session content once."""
     st = DatasetStats(conversations=len(ds))
-    seen: dict[int, int] = {}
+    seen: dict[tuple, int] = {}
     types: Counter = Counter()
     for c in ds:
         st.sessions_total += len(c.sessions)
         for s in c.sessions:
-            tok = seen.get(id(s))
+            tok = seen.get(s.key)
             if tok is None:
                 tok = sum(approx_tokens(t) for t in s.turns)
-                seen[id(s)] = tok
+                seen[s.key] = tok
                 st.turns_distinct += len(s.turns)
                 st.approx_tokens_distinct += tok
             st.turns_total += len(s.turns)

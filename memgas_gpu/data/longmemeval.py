@@ -27,22 +27,27 @@ def strip_answer_prefix(session_id: str) -> str:
 
 
 class SessionInterner:
-    """Share one Session per distinct (id, date, content) across conversations."""
+    """Share session content across conversations.
+
+    One ``turns`` tuple per distinct (id, content), and one ``Session`` object per
+    distinct (id, date, content): haystacks may date the same session differently.
+    """
 
     def __init__(self) -> None:
-        self._by_key: dict[tuple[str, str], Session] = {}
+        self._turns: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._sessions: dict[tuple[str, str, int], Session] = {}
         self._strings: dict[str, str] = {}
 
     def __len__(self) -> int:
-        return len(self._by_key)
+        return len(self._turns)
 
     def intern(self, session: Session) -> Session:
-        key = (session.id, session.date, session.content_key)
-        found = self._by_key.get(key)
-        if found is not None:
-            return found
-        self._by_key[key] = session
-        return session
+        turns = self._turns.setdefault((session.id, session.content_key), session.turns)
+        key = (session.id, session.date, id(turns))
+        found = self._sessions.get(key)
+        if found is None:
+            found = self._sessions[key] = Session(session.id, session.date, turns)
+        return found
 
     def string(self, s: str) -> str:
         return self._strings.setdefault(s, s)

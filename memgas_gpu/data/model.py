@@ -5,9 +5,11 @@ and ``Question(...)``.  Turn text already follows the reference rules (DESIGN.md
 "Data"): each message is rendered ``[role]: content`` and consecutive messages are
 merged in pairs into one turn, so ``Session.text`` is ``"\\n".join(turns)``.
 
-Sessions are immutable and hashable by identity; loaders share one ``Session``
-object for every ``(id, content)`` that recurs across haystacks (LongMemEval), so
-downstream work (encoding, summaries) can be deduplicated by content.
+Sessions are immutable.  A session recurring across haystacks (LongMemEval) keeps
+one shared ``turns`` tuple (and one ``Session`` object when its date is the same
+too), so memory holds its text once; :attr:`Session.key` ``(id, turns)`` identifies
+its content, and downstream work (summaries, encoding, the embedding table) is done
+once per distinct key.
 """
 from __future__ import annotations
 
@@ -46,6 +48,12 @@ class Session:
     def text(self) -> str:
         """The session text S: turns joined by newlines."""
         return "\n".join(self.turns)
+
+    @property
+    def key(self) -> tuple:
+        """Content identity ``(id, turns)``: equal for the same session in any haystack,
+        whatever its date there (cheap to hash: strings cache their hashes)."""
+        return (self.id, self.turns)
 
     @property
     def content_key(self) -> str:
@@ -121,11 +129,11 @@ class Dataset:
         return None
 
     def distinct_sessions(self) -> list[Session]:
-        """Every distinct Session object, in first-seen order."""
-        seen: dict[int, Session] = {}
+        """One Session per distinct content (:attr:`Session.key`), in first-seen order."""
+        seen: dict[tuple, Session] = {}
         for c in self.conversations:
             for s in c.sessions:
-                seen.setdefault(id(s), s)
+                seen.setdefault(s.key, s)
         return list(seen.values())
 
     @property

@@ -17,8 +17,8 @@ GRANULARITIES = ("session", "turn", "summary", "keyword")
 class Expansion:
     """Summary and keyword text per session, aligned with each conversation's sessions.
 
-    Shared sessions (LongMemEval haystacks) are expanded once; their strings are
-    shared objects here too.
+    Shared sessions (LongMemEval haystacks; same :attr:`Session.key`) are expanded
+    once; their strings are shared objects here too.
     """
 
     summaries: dict[str, list[str]] = field(default_factory=dict)
@@ -32,12 +32,12 @@ class Expansion:
 
 
 def _distinct(ds: Dataset) -> tuple[list[Session], list[Conversation]]:
-    seen: dict[int, int] = {}
+    seen: dict[tuple, int] = {}
     sessions, owners = [], []
     for c in ds:
         for s in c.sessions:
-            if id(s) not in seen:
-                seen[id(s)] = len(sessions)
+            if s.key not in seen:
+                seen[s.key] = len(sessions)
                 sessions.append(s)
                 owners.append(c)
     return sessions, owners
@@ -65,11 +65,11 @@ def expand_dataset(ds: Dataset, summaries="offline", keywords="offline",
     sessions, owners = _distinct(ds)
     u = src_u.generate("summary", sessions, owners)
     k = src_k.generate("keywords", sessions, owners)
-    by_obj = {id(s): i for i, s in enumerate(sessions)}
+    by_key = {s.key: i for i, s in enumerate(sessions)}
     exp = Expansion(config={"summaries": describe_source(src_u),
                             "keywords": describe_source(src_k)})
     for c in ds:
-        idx = [by_obj[id(s)] for s in c.sessions]
+        idx = [by_key[s.key] for s in c.sessions]
         exp.summaries[c.id] = [u[i] for i in idx]
         exp.keywords[c.id] = [k[i] for i in idx]
     return exp

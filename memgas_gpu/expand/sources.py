@@ -57,7 +57,7 @@ class OfflineSource:
         return self.extractor.config()
 
     def generate(self, kind, sessions, conversations):
-        key = tuple(id(s) for s in sessions)
+        key = tuple(id(s.turns) for s in sessions)
         if key not in self._cache:  # summaries and keywords share one corpus pass
             self._cache = {key: self.extractor.expand([s.text for s in sessions])}
         summaries, keywords = self._cache[key]
