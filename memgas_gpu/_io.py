@@ -10,6 +10,12 @@ from typing import IO, Iterator, Union
 __all__ = ["atomic_write", "atomic_dir"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> Iterator[IO]:
     """Open a temporary file beside ``path``; rename it onto ``path`` on success.
@@ -21,6 +27,7 @@ def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> It
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs follow the umask
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
@@ -44,6 +51,7 @@ def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old")

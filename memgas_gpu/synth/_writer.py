@@ -1,0 +1,264 @@
+"""Stream a synthetic LongMemEval-format file to disk.
+
+Layout (as LongMemEval): a JSON list of instances, each with its own haystack of
+``sessions`` sessions.  ``sessions - k`` of them are drawn from a shared pool (the
+same id and identical content recur across haystacks), ``k`` (1-3) are evidence
+sessions unique to the question, with ids ``answer_<qid>_<j>`` and a planted sentence
+on a message flagged ``"has_answer": true``.
+
+Speed: the pool is rendered once, and each pool session is cached as its encoded
+JSON; an instance is written by concatenating cached bytes, so the file size, not
+the text generation, bounds the run (LongMemEval-M shape: ~2.7 GB).  Only one
+instance is ever held in memory, and the output goes to a temporary sibling that
+is renamed into place on success (nothing half-written on error or Ctrl-C).
+
+Determinism: every random draw comes from ``random.Random`` streams seeded from
+``(seed, role)`` strings, so a seed gives the same bytes on any platform, and
+question ``i`` does not depend on how many questions follow it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Optional, Union
+
+from .._io import atomic_write
+from ..errors import MemgasError
+from ._facts import QUESTION_TYPES, evidence_count, make_fact
+from ._text import Grammar
+from ._vocab import TOPIC_NAMES
+
+__all__ = ["SCALES", "DEFAULT_ABSTENTION_RATE", "DEFAULT_DISTRACTOR_RATE", "MAX_EVIDENCE", "SynthParamError", "SynthSummary", "validate_params",
+           "write_synthetic", "format_date"]
+
+#: Presets: ``s`` is a quick test file, ``m`` the LongMemEval-M shape (500 questions,
+#: 500 sessions per haystack, ~1M tokens per haystack).
+SCALES: dict[str, dict[str, int]] = {
+    "s": {"questions": 20, "sessions": 20, "turns": 6, "words": 40},
+    "m": {"questions": 500, "sessions": 500, "turns": 10, "words": 180},
+}
+DEFAULT_ABSTENTION_RATE = 0.06  # LongMemEval: 30 of 500 questions
+DEFAULT_DISTRACTOR_RATE = 0.1
+MAX_EVIDENCE = 3
+_EPOCH = datetime(2023, 1, 1)
+
+
+class SynthParamError(MemgasError, ValueError):
+    """An invalid generator parameter; ``param`` names it (e.g. ``"sessions"``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SynthSummary:
+    """What :func:`write_synthetic` wrote."""
+
+    path: str
+    questions: int
+    sessions: int
+    turns: int
+    words: int
+    pool: int
+    abstentions: int
+    evidence_sessions: int
+    bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        """A one-line human summary."""
+        return (f"wrote {self.path}: {self.questions} questions ({self.abstentions} _abs) x "
+                f"{self.sessions} sessions x {self.turns} messages (~{self.words} words), "
+                f"pool {self.pool} + {self.evidence_sessions} evidence sessions, "
+                f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s")
+
+
+def validate_params(questions: int, sessions: int, turns: int, words: int,
+                    pool: Optional[int], abstention_rate: float,
+                    distractor_rate: float = 0.0) -> None:
+    """Raise :class:`SynthParamError` for values the generator cannot honour."""
+    if questions < 1:
+        raise SynthParamError("questions", f"must be >= 1, got {questions}")
+    if sessions < MAX_EVIDENCE:
+        raise SynthParamError("sessions", f"must be >= {MAX_EVIDENCE} (the most evidence "
+                                          f"sessions a question plants), got {sessions}")
+    if turns < 2:
+        raise SynthParamError("turns", f"must be >= 2 (a user and an assistant message), got {turns}")
+    if words < 1:
+        raise SynthParamError("words", f"must be >= 1, got {words}")
+    if pool is not None and pool < sessions - 1:
+        raise SynthParamError("pool", f"must be >= sessions - 1 = {sessions - 1} (filler "
+                                      f"sessions per haystack), got {pool}")
+    if not 0.0 <= abstention_rate <= 1.0:
+        raise SynthParamError("abstention_rate", f"must be in [0, 1], got {abstention_rate}")
+    if not 0.0 <= distractor_rate <= 1.0:
+        raise SynthParamError("distractor_rate", f"must be in [0, 1], got {distractor_rate}")
+
+
+def format_date(d: datetime) -> str:
+    """LongMemEval's date format, e.g. ``2023/05/20 (Sat) 02:21``."""
+    return d.strftime("%Y/%m/%d (%a) %H:%M")
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj).encode("ascii")
+
+
+def _hex_id(rng: random.Random, used: set) -> str:
+    while True:
+        h = f"{rng.getrandbits(32):08x}"
+        if h not in used:
+            used.add(h)
+            return h
+
+
+def _render_pool(grammar: Grammar, seed: int, pool: int, turns: int, words: int,
+                 distractor_rate: float, bar) -> tuple[list[bytes], list[bytes]]:
+    """Render the shared pool once: (JSON-encoded ids, JSON-encoded sessions).
+
+    A ``distractor_rate`` fraction of pool sessions carries an unflagged fact sentence
+    about some other entity (a near miss for the retriever).
+    """
+    rng = random.Random(f"memgas-synth:{seed}:pool")
+    used: set = set()
+    ids, bodies = [], []
+    for _ in range(pool):
+        ids.append(_dumps(f"pool_{_hex_id(rng, used)}"))
+        if rng.random() < distractor_rate:
+            qtype = rng.choice(QUESTION_TYPES)
+            fact = make_fact(qtype, rng, evidence_count(qtype, rng), False)
+            role, sentence = rng.choice(fact.plants)
+            at = rng.randrange(0 if role == "user" else 1, turns, 2)
+            session = grammar.session(rng, fact.topic, turns, words, [(at, sentence)], flag=False)
+        else:
+            session = grammar.session(rng, rng.choice(TOPIC_NAMES), turns, words)
+        bodies.append(_dumps(session))
+        if bar is not None:
+            bar.update(1)
+    return ids, bodies
+
+
+def _instance(grammar: Grammar, seed: int, index: int, abstain: bool, used: set,
+              pool_ids: list[bytes], pool_bodies: list[bytes], sessions: int, turns: int,
+              words: int) -> tuple[list[bytes], int]:
+    """Encode question ``index`` as JSON byte chunks; also return its evidence count."""
+    rng = random.Random(f"memgas-synth:{seed}:q:{index}")
+    qtype = QUESTION_TYPES[index % len(QUESTION_TYPES)]
+    qhex = _hex_id(rng, used)
+    n_ev = evidence_count(qtype, rng)
+    fact = make_fact(qtype, rng, n_ev, abstain)
+    filler = rng.sample(range(len(pool_bodies)), sessions - n_ev)
+    positions = sorted(rng.sample(range(sessions), n_ev))
+    ev_ids = [f"answer_{qhex}_{j + 1}" for j in range(n_ev)]
+    ev_bodies = []
+    for role, sentence in fact.plants:
+        at = rng.randrange(0 if role == "user" else 1, turns, 2)
+        ev_bodies.append(_dumps(grammar.session(rng, fact.topic, turns, words, [(at, sentence)])))
+
+    ids, bodies = [], []
+    it = iter(filler)
+    ev = dict(zip(positions, range(n_ev)))
+    for p in range(sessions):
+        if p in ev:
+            ids.append(_dumps(ev_ids[ev[p]]))
+            bodies.append(ev_bodies[ev[p]])
+        else:
+            k = next(it)
+            ids.append(pool_ids[k])
+            bodies.append(pool_bodies[k])
+
+    t = _EPOCH + timedelta(days=rng.randrange(180), minutes=rng.randrange(24 * 60))
+    dates = []
+    for _ in range(sessions):
+        dates.append(t)
+        t += timedelta(minutes=rng.randrange(2 * 60, 2 * 24 * 60))
+    qdate = dates[-1] + timedelta(minutes=rng.randrange(60, 5 * 24 * 60))
+    answer = fact.answer
+    if callable(answer):
+        answer = answer([dates[p] for p in positions])
+
+    head = {
+        "question_id": qhex + ("_abs" if abstain else ""),
+        "question_type": qtype,
+        "question": fact.question,
+        "answer": answer,
+        "question_date": format_date(qdate),
+    }
+    chunks = [_dumps(head)[:-1], b', "haystack_session_ids": [', b", ".join(ids),
+              b'], "haystack_dates": ', _dumps([format_date(d) for d in dates]),
+              b', "haystack_sessions": [', b", ".join(bodies),
+              b'], "answer_session_ids": ', _dumps(ev_ids), b"}"]
+    return chunks, n_ev
+
+
+def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"]["questions"],
+                    sessions: int = SCALES["s"]["sessions"], turns: int = SCALES["s"]["turns"],
+                    words: int = SCALES["s"]["words"], pool: Optional[int] = None, seed: int = 0,
+                    abstention_rate: float = DEFAULT_ABSTENTION_RATE,
+                    distractor_rate: float = DEFAULT_DISTRACTOR_RATE,
+                    progress: bool = True) -> SynthSummary:
+    """Write a synthetic LongMemEval-format JSON file, streaming, atomically.
+
+    Args:
+        path: output file; written via a temporary sibling renamed on success.
+        questions: number of instances (one question and one haystack each).
+        sessions: sessions per haystack (>= 3).
+        turns: messages per session, alternating user/assistant (>= 2).
+        words: about how many words per message.
+        pool: size of the shared session pool the haystacks draw their filler
+            sessions from (default ``2 * sessions``; at least ``sessions - 1``).
+        seed: random seed; the same arguments and seed give identical bytes.
+        abstention_rate: fraction of questions turned into ``_abs`` questions
+            (rounded to a whole count, chosen at random).
+        distractor_rate: fraction of pool sessions that mention an unrelated fact
+            of the same kinds as the planted ones (not flagged ``has_answer``).
+        progress: show a tqdm progress bar on stderr.
+
+    Returns:
+        A :class:`SynthSummary` of what was written.
+
+    Raises:
+        SynthParamError: a parameter is out of range (nothing is written).
+    """
+    validate_params(questions, sessions, turns, words, pool, abstention_rate, distractor_rate)
+    pool = 2 * sessions if pool is None else pool
+    t0 = time.perf_counter()
+    grammar = Grammar()
+    n_abs = round(questions * abstention_rate)
+    abstain = set(random.Random(f"memgas-synth:{seed}:abs").sample(range(questions), n_abs))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=pool + questions, desc="synth", unit="item", file=sys.stderr,
+                   dynamic_ncols=True)
+    try:
+        pool_ids, pool_bodies = _render_pool(grammar, seed, pool, turns, words,
+                                             distractor_rate, bar)
+        used: set = set()
+        n_evidence = 0
+        with atomic_write(path, "wb") as f:
+            f.write(b"[")
+            for i in range(questions):
+                chunks, n_ev = _instance(grammar, seed, i, i in abstain, used, pool_ids,
+                                         pool_bodies, sessions, turns, words)
+                n_evidence += n_ev
+                if i:
+                    f.write(b", ")
+                f.writelines(chunks)
+                if bar is not None:
+                    bar.update(1)
+            f.write(b"]")
+            size = f.tell()
+    finally:
+        if bar is not None:
+            bar.close()
+    return SynthSummary(str(path), questions, sessions, turns, words, pool, n_abs, n_evidence,
+                        size, time.perf_counter() - t0)
