@@ -1,0 +1,19 @@
+"""Text encoding: :class:`Encoder` (pooled HF encoders, token-budget batches) and
+:class:`EmbeddingStore` (content-addressed, resumable, deduplicated embeddings)."""
+from .batching import Tokenized, TextTokenizer, pad_rows, plan_batches, split_windows
+from .encoder import Encoder, bundled_model_path, normalize_auto
+from .store import EmbeddingStore, StoreError, text_key
+
+__all__ = [
+    "Encoder",
+    "EmbeddingStore",
+    "StoreError",
+    "Tokenized",
+    "TextTokenizer",
+    "bundled_model_path",
+    "normalize_auto",
+    "pad_rows",
+    "plan_batches",
+    "split_windows",
+    "text_key",
+]
