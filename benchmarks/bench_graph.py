@@ -1,0 +1,100 @@
+"""Association-graph build: batched torch ops vs the per-node scikit-learn reference.
+
+    python -m pytest benchmarks/bench_graph.py --benchmark-enable -q
+
+Synthetic conversation: 500 sessions x 4 granularities = 2,000 nodes, d = 384 unit
+vectors around 6 topics (``tests/_synth.conversation``). Ours: one
+``build_association_graph`` call (all nodes, batched GMM). Reference: the authors'
+per-node loop (``memgas_gpu.reference.reference_edges``: numpy similarities + one
+scikit-learn ``GaussianMixture`` per node), timed on an evenly spaced subsample of the
+eligible nodes and extrapolated (set ``MEMGAS_BENCH_FULL=1`` to run all of them, ~15 s).
+Prints one summary line with both times and the ratio.
+
+Threads: torch runs with ``MEMGAS_BENCH_THREADS`` intra-op threads (default 1, like the
+single-threaded reference). On a shared 2-core machine, 2 OpenMP threads competing with
+other processes made the same build 20-60x slower (busy-wait barriers), so 1 is the
+stable setting for CPU comparisons.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _synth import conversation  # noqa: E402
+
+from memgas_gpu.ops import association_edges, build_association_graph  # noqa: E402
+
+N_SESSIONS = 500
+DIM = 384
+SUBSAMPLE = 200
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("MEMGAS_BENCH_THREADS", "1")))
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def conv():
+    E, s, _ = conversation(N_SESSIONS, d=DIM, seed=0)
+    return E, s
+
+
+def _reference_seconds(E: torch.Tensor, s: torch.Tensor, full: bool) -> float:
+    """Wall time of the per-node reference, extrapolated from a node subsample."""
+    pytest.importorskip("sklearn")
+    from memgas_gpu.reference import _single_thread, reference_gmm_accept
+
+    emb = E.numpy()
+    eligible = np.arange(20, len(emb))  # 4 nodes per session, first 5 sessions skipped
+    nodes = eligible if full else eligible[np.linspace(0, len(eligible) - 1, SUBSAMPLE)
+                                           .astype(int)]
+    t0 = time.perf_counter()
+    with _single_thread():
+        for i in nodes:
+            sims = emb[i] @ emb[: i // 4 * 4].T
+            top = np.argsort(sims)[::-1][:30]
+            reference_gmm_accept(sims[top])
+    return (time.perf_counter() - t0) * len(eligible) / len(nodes)
+
+
+def test_graph_build(benchmark, conv, capsys):
+    E, s = conv
+    build_association_graph(E, s)  # warm-up
+    t0 = time.perf_counter()
+    indptr, indices = build_association_graph(E, s)
+    ours = time.perf_counter() - t0
+    benchmark.pedantic(build_association_graph, args=(E, s), rounds=3, iterations=1)
+    full = os.environ.get("MEMGAS_BENCH_FULL") == "1"
+    ref = _reference_seconds(E, s, full)
+    how = "all nodes" if full else f"extrapolated from {SUBSAMPLE} nodes"
+    with capsys.disabled():
+        print(f"\n[bench_graph] {len(E)} nodes, d={DIM}, {indices.numel() // 2} edges, "
+              f"{torch.get_num_threads()} threads: ours {ours:.3f} s, reference "
+              f"{ref:.2f} s ({how}), speed-up {ref / ours:.0f}x")
+    assert indices.numel() > 0
+
+
+def test_graph_incremental_session(benchmark, conv, capsys):
+    """Appending one session (4 nodes) to a 499-session conversation."""
+    E, s = conv
+    first = len(E) - 4
+    association_edges(E, s, first_node=first)
+    t0 = time.perf_counter()
+    new = association_edges(E, s, first_node=first)
+    ours = time.perf_counter() - t0
+    benchmark.pedantic(association_edges, args=(E, s), kwargs={"first_node": first},
+                       rounds=5, iterations=1)
+    with capsys.disabled():
+        print(f"\n[bench_graph] append 1 session ({new.shape[1]} new edges): ours "
+              f"{ours * 1e3:.1f} ms")

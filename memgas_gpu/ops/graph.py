@@ -1,0 +1,254 @@
+"""Association-graph construction (MemGAS write path).
+
+Nodes are the granularity views of sessions, interleaved per session (node ``4 i + g``
+for g in S, T, U, K, though nothing here assumes exactly 4 nodes per session). For
+every node ``v`` of a session whose index within its conversation is ``>= skip_sessions``:
+
+1. ``s_j = <x_v, x_j>`` for all nodes ``j`` of *earlier* sessions of the same
+   conversation (never the node's own session);
+2. keep the top ``m`` candidates (all of them when fewer exist);
+3. fit a 2-component 1-D GMM to those scores (:func:`~memgas_gpu.ops.gmm1d.gmm1d_accept`,
+   scikit-learn semantics) and link ``v`` to the candidates of the higher-mean
+   component: ``E = {(v, j) : z_j = argmax_k mu_k}`` (undirected, unweighted).
+
+Edges of a node depend only on earlier nodes, so appending sessions never changes old
+edges: build the new edges with ``first_node`` and merge (see :func:`symmetric_csr`).
+
+Work is done per conversation in chunks of nodes (``max_elements`` similarity entries
+at a time, never an all-conversations ``n x n`` matrix); candidate rows of all chunks
+and conversations are buffered and sent to one batched GMM call per ``gmm_batch`` rows.
+
+Ties: the reference orders candidates with ``np.argsort(sims)[::-1]``, whose order among
+equal similarities is implementation-defined; we use ``torch.topk``. Only candidate
+sets with a tie exactly at the ``m``-th score can differ (the GMM itself only sees
+values, so ties inside the top ``m`` are harmless).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .gmm1d import gmm1d_accept
+
+__all__ = ["association_edges", "build_association_graph", "symmetric_csr", "node_layout"]
+
+
+def node_layout(session_of_node: Tensor, conversation_of_node: Optional[Tensor] = None):
+    """Per-node session bookkeeping.
+
+    Args:
+        session_of_node: ``[n]`` session id per node; nodes of a session are contiguous
+            and sessions appear in chronological order within a conversation.
+        conversation_of_node: optional ``[n]`` conversation id; nodes of a conversation
+            are contiguous. Default: one conversation.
+
+    Returns:
+        ``(session_start, conv_start, session_rank)``: index of the first node of the
+        node's session and of its conversation, and the 0-based order of appearance of
+        the node's session within its conversation (all ``[n]`` int64).
+    """
+    n = session_of_node.numel()
+    dev = session_of_node.device
+    idx = torch.arange(n, device=dev)
+    sess = session_of_node.to(torch.int64)
+    first = idx == 0
+    new_conv = first.clone()
+    if conversation_of_node is not None:
+        conv = conversation_of_node.to(device=dev, dtype=torch.int64)
+        new_conv[1:] |= conv[1:] != conv[:-1]
+    new_sess = new_conv.clone()
+    new_sess[1:] |= sess[1:] != sess[:-1]
+    zero = torch.zeros_like(idx)
+    session_start = torch.cummax(torch.where(new_sess, idx, zero), dim=0).values
+    conv_start = torch.cummax(torch.where(new_conv, idx, zero), dim=0).values
+    cs = torch.cumsum(new_sess.to(torch.int64), dim=0)
+    session_rank = cs - cs[conv_start]
+    return session_start, conv_start, session_rank
+
+
+def symmetric_csr(edges: Tensor, n: int) -> Tuple[Tensor, Tensor]:
+    """Symmetric CSR of an undirected graph from directed edges.
+
+    Args:
+        edges: ``[2, E]`` int64 edge list (either direction; duplicates allowed).
+        n: number of nodes.
+
+    Returns:
+        ``(indptr [n + 1], indices [nnz])`` int64: both directions, self-loops and
+        duplicates removed, column indices sorted within each row.
+    """
+    edges = edges.to(torch.int64)
+    dev = edges.device
+    a, b = edges[0], edges[1]
+    keep = a != b
+    a, b = a[keep], b[keep]
+    key = torch.unique(torch.cat([a * n + b, b * n + a]))
+    rows = torch.div(key, n, rounding_mode="floor")
+    cols = key - rows * n
+    counts = torch.bincount(rows, minlength=n)
+    indptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    indptr[1:] = torch.cumsum(counts, dim=0)
+    return indptr, cols
+
+
+def association_edges(
+    node_emb: Tensor,
+    session_of_node: Tensor,
+    m: int = 30,
+    skip_sessions: int = 5,
+    conversation_of_node: Optional[Tensor] = None,
+    *,
+    accept: str = "gmm",
+    first_node: int = 0,
+    batch_size: Optional[int] = None,
+    max_elements: int = 1 << 24,
+    gmm_batch: int = 1 << 16,
+) -> Tensor:
+    """Directed ``new -> old`` association edges (see the module docstring).
+
+    Args:
+        node_emb: ``[n, d]`` node embeddings (similarity = dot product; computed in
+            float32 unless the embeddings are float64).
+        session_of_node: ``[n]`` session id per node (contiguous, chronological).
+        m: number of candidates per node (default 30).
+        skip_sessions: the first ``skip_sessions`` sessions of each conversation get no
+            outgoing edges (default 5).
+        conversation_of_node: optional ``[n]`` conversation id (contiguous runs); edges
+            never cross conversations. Default: one conversation.
+        accept: ``"gmm"`` (MemGAS: the higher-mean GMM component) or ``"all"`` (every
+            one of the top ``m`` candidates: the fixed top-k ``no_gmm`` ablation).
+        first_node: only nodes with index ``>= first_node`` get outgoing edges (for
+            incremental appends; default 0).
+        batch_size: optional cap on nodes per chunk (default: set by ``max_elements``).
+        max_elements: similarity entries per chunk (default 2**24; bounds memory).
+        gmm_batch: candidate rows per batched GMM call (default 2**16).
+
+    Returns:
+        ``[2, E]`` int64 edges ``(v, j)`` with ``j`` in an earlier session, on
+        ``node_emb``'s device, sorted by ``v`` then by decreasing similarity.
+    """
+    if node_emb.dim() != 2:
+        raise ValueError(f"node_emb must be [n, d], got shape {tuple(node_emb.shape)}")
+    n = node_emb.shape[0]
+    dev = node_emb.device
+    if session_of_node.shape != (n,):
+        raise ValueError(f"session_of_node must have shape ({n},)")
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    if accept not in ("gmm", "all"):
+        raise ValueError(f"accept must be 'gmm' or 'all', got {accept!r}")
+    empty = torch.zeros(2, 0, dtype=torch.int64, device=dev)
+    if n == 0:
+        return empty
+    dt = torch.float64 if node_emb.dtype == torch.float64 else torch.float32
+    emb = node_emb.to(dt)
+    session_start, conv_start, rank = node_layout(session_of_node.to(dev),
+                                                  None if conversation_of_node is None
+                                                  else conversation_of_node.to(dev))
+    idx = torch.arange(n, device=dev)
+    eligible = (rank >= skip_sessions) & (session_start > conv_start) & (idx >= first_node)
+    if not bool(eligible.any()):
+        return empty
+    # host-side plan: one sync, then a loop over conversations and node chunks
+    conv_first = torch.nonzero(idx == conv_start).flatten()
+    conv_end = torch.cat([conv_first[1:], torch.tensor([n], device=dev)])
+    elig_any = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(
+        0, conv_start, eligible.to(torch.int64))[conv_first]
+    first_elig = torch.full((n,), n, dtype=torch.int64, device=dev).scatter_reduce_(
+        0, conv_start, torch.where(eligible, idx, torch.full_like(idx, n)), "amin")[conv_first]
+    plan = torch.stack([conv_first, conv_end, first_elig, elig_any]).T.tolist()
+    ss_host = session_start.cpu()
+
+    buf_rows: List[Tensor] = []
+    buf_cand: List[Tensor] = []
+    buf_vals: List[Tensor] = []
+    buf_valid: List[Tensor] = []
+    out: List[Tensor] = []
+    pos = torch.arange(m, device=dev)
+
+    def flush():
+        if not buf_rows:
+            return
+        vals = torch.cat(buf_vals)
+        valid = torch.cat(buf_valid)
+        acc = gmm1d_accept(vals, valid) if accept == "gmm" else valid
+        rows = torch.cat(buf_rows)[:, None].expand_as(acc)
+        cand = torch.cat(buf_cand)
+        out.append(torch.stack([rows[acc], cand[acc]]))
+        buf_rows.clear(), buf_cand.clear(), buf_vals.clear(), buf_valid.clear()
+
+    n_buf = 0
+    for c0, c1, e0, n_elig in plan:
+        if n_elig == 0:
+            continue
+        # within a conversation eligible nodes are a suffix (ranks are non-decreasing)
+        a = max(e0, first_node)
+        while a < c1:
+            width = int(ss_host[c1 - 1]) - c0  # widest candidate prefix
+            rows_per_chunk = max(1, min(c1 - a, max_elements // max(width, 1)))
+            if batch_size is not None:
+                rows_per_chunk = max(1, min(rows_per_chunk, batch_size))
+            b = a + rows_per_chunk
+            ss = session_start[a:b] - c0  # number of candidates per row
+            width = int(ss_host[b - 1]) - c0  # session starts are non-decreasing
+            sims = emb[a:b] @ emb[c0:c0 + width].T
+            col = torch.arange(width, device=dev)
+            ok = (col[None, :] < ss[:, None]) & ~torch.isnan(sims)
+            sims = torch.where(ok, sims, torch.full_like(sims, float("-inf")))
+            k = min(m, width)
+            vals, cidx = torch.topk(sims, k, dim=1)
+            valid = (pos[None, :k] < ss[:, None]) & torch.isfinite(vals)
+            if k < m:
+                pad = m - k
+                vals = torch.cat([vals, vals.new_zeros(b - a, pad)], dim=1)
+                cidx = torch.cat([cidx, cidx.new_zeros(b - a, pad)], dim=1)
+                valid = torch.cat([valid, valid.new_zeros(b - a, pad)], dim=1)
+            buf_rows.append(idx[a:b])
+            buf_cand.append(cidx + c0)
+            buf_vals.append(vals)
+            buf_valid.append(valid)
+            n_buf += b - a
+            if n_buf >= gmm_batch:
+                flush()
+                n_buf = 0
+            a = b
+    flush()
+    return torch.cat(out, dim=1) if out else empty
+
+
+def build_association_graph(
+    node_emb: Tensor,
+    session_of_node: Tensor,
+    m: int = 30,
+    skip_sessions: int = 5,
+    conversation_of_node: Optional[Tensor] = None,
+    *,
+    accept: str = "gmm",
+    batch_size: Optional[int] = None,
+    max_elements: int = 1 << 24,
+    gmm_batch: int = 1 << 16,
+) -> Tuple[Tensor, Tensor]:
+    """MemGAS association graph as symmetric CSR.
+
+    Args:
+        node_emb: ``[n, d]`` node embeddings.
+        session_of_node: ``[n]`` session id per node (contiguous, chronological).
+        m: candidates per node (default 30).
+        skip_sessions: leading sessions without outgoing edges (default 5).
+        conversation_of_node: optional ``[n]`` conversation id (contiguous runs); many
+            conversations give one block-diagonal graph. Default: one conversation.
+        accept: ``"gmm"`` (default) or ``"all"`` (fixed top-``m`` edges, ``no_gmm``).
+        batch_size: optional cap on nodes per chunk (default: set by ``max_elements``).
+        max_elements: similarity entries per chunk (default 2**24).
+        gmm_batch: candidate rows per batched GMM call (default 2**16).
+
+    Returns:
+        ``(indptr [n + 1], indices [nnz])`` int64 symmetric CSR without self-loops or
+        duplicates, indices sorted per row, on ``node_emb``'s device.
+    """
+    edges = association_edges(node_emb, session_of_node, m, skip_sessions,
+                              conversation_of_node, accept=accept, batch_size=batch_size,
+                              max_elements=max_elements, gmm_batch=gmm_batch)
+    return symmetric_csr(edges, node_emb.shape[0])

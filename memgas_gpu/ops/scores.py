@@ -1,0 +1,253 @@
+"""MemGAS session scoring (read path): router -> seed nodes -> PPR -> session scores.
+
+For a query ``q`` against a conversation with N sessions and nodes ``v`` (session
+``s(v)``, granularity ``g(v)``)::
+
+    w = router(q)                                   (entropy router, [G])
+    score_v = w_{g(v)} * <q, x_v>
+    seed_v  = score_v if score_v >= (alpha-th largest score) else 0   (ties kept)
+    seed_v  = 0 where seed_v < 0 or NaN
+    p = PPR(graph, reset = seed / sum(seed), damping d)   (igraph prpack semantics)
+    session_i = sum_{v : s(v) = i} p_v
+
+Ablations: ``use_ppr=False`` scores sessions by the summed seeds (``no_ppr``);
+``use_router=False`` uses uniform weights ``1/G`` (``no_router``). Defaults follow the
+paper: lambda = 0.2, alpha = 15, d = 0.1, router ``"inverse"`` (``w ∝ 1/H``).
+
+Two entry points: :func:`memgas_session_scores` (queries of ONE conversation) and
+:func:`memgas_session_scores_packed` (queries of MANY conversations in one pass; PPR
+runs block-diagonally so one PPR row serves one query of every conversation).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .ppr import personalized_pagerank
+from .router import entropy_router
+from .graph import node_layout
+
+__all__ = ["memgas_session_scores", "memgas_session_scores_packed", "seed_scores"]
+
+
+def seed_scores(node_scores: Tensor, alpha: int = 15, valid: Optional[Tensor] = None) -> Tensor:
+    """Keep the top-``alpha`` node scores per row (threshold semantics, ties kept).
+
+    ``scores[scores < topk(scores, alpha)[-1]] = 0`` as in the authors' code, then
+    negative and NaN entries become 0.
+
+    Args:
+        node_scores: ``[Q, n]`` weighted similarities.
+        alpha: number of seeds (default 15); ``min(alpha, n_valid)`` is used.
+        valid: optional ``[Q, n]`` bool mask of real nodes (padding gets 0).
+
+    Returns:
+        ``[Q, n]`` seed weights (same dtype), non-negative.
+    """
+    x = node_scores
+    key = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    if valid is not None:
+        key = torch.where(valid, key, torch.full_like(key, float("-inf")))
+    k = max(1, min(alpha, x.shape[1]))
+    if x.shape[1] == 0:
+        return x.clone()
+    # rows with fewer than alpha valid nodes get kth = -inf: all of them are kept
+    kth = torch.topk(key, k, dim=1).values[:, -1:]
+    out = torch.where(key < kth, torch.zeros_like(x), x)
+    out = torch.where(torch.isnan(out) | (out < 0), torch.zeros_like(out), out)
+    if valid is not None:
+        out = torch.where(valid, out, torch.zeros_like(out))
+    return out
+
+
+def _route(sims: Tensor, gran: Tensor, sess: Tensor, valid: Optional[Tensor], G: int, N: int,
+           temperature: float, router: str, use_router: bool) -> Tensor:
+    """Router weights ``[Q, G]`` from node similarities ``[Q, n]``."""
+    Q = sims.shape[0]
+    if not use_router:
+        return torch.full((Q, G), 1.0 / G, dtype=sims.dtype, device=sims.device)
+    flat = gran * N + sess  # [n] or [Q, n]
+    if flat.dim() == 1:
+        flat = flat[None, :].expand(Q, -1)
+    dump = G * N
+    if valid is not None:
+        flat = torch.where(valid, flat, torch.full_like(flat, dump))
+    S = torch.zeros(Q, G * N + 1, dtype=sims.dtype, device=sims.device)
+    S.scatter_(1, flat, sims)
+    ok = torch.zeros(Q, G * N + 1, dtype=torch.bool, device=sims.device)
+    ok.scatter_(1, flat, torch.ones_like(flat, dtype=torch.bool))
+    return entropy_router(S[:, :dump].view(Q, G, N), temperature, router,
+                          ok[:, :dump].view(Q, G, N))
+
+
+def memgas_session_scores(
+    query_emb: Tensor,
+    node_emb: Tensor,
+    session_of_node: Tensor,
+    gran_of_node: Tensor,
+    indptr: Tensor,
+    indices: Tensor,
+    *,
+    n_sessions: Optional[int] = None,
+    n_gran: Optional[int] = None,
+    temperature: float = 0.2,
+    alpha: int = 15,
+    damping: float = 0.1,
+    router: str = "inverse",
+    use_router: bool = True,
+    use_ppr: bool = True,
+    tol: float = 1e-10,
+    max_iter: int = 100,
+) -> Tensor:
+    """MemGAS session scores of queries against ONE conversation.
+
+    Args:
+        query_emb: ``[Q, d]`` (or ``[d]``) query embeddings.
+        node_emb: ``[n, d]`` node embeddings of the conversation.
+        session_of_node: ``[n]`` session index in ``[0, n_sessions)`` per node.
+        gran_of_node: ``[n]`` granularity index in ``[0, n_gran)`` per node; the router
+            expects at most one node per (granularity, session): ``gran_emb[g][i]``.
+        indptr, indices: symmetric CSR association graph over the ``n`` nodes.
+        n_sessions: N (default ``session_of_node.max() + 1``).
+        n_gran: G (default ``gran_of_node.max() + 1``).
+        temperature: router temperature lambda (default 0.2).
+        alpha: number of seed nodes (default 15).
+        damping: PPR damping d (default 0.1).
+        router: ``"inverse"`` (paper, default) or ``"one_minus"`` (authors' code).
+        use_router: False gives uniform weights (``no_router`` ablation).
+        use_ppr: False scores sessions by summed seeds (``no_ppr`` ablation).
+        tol: PPR L1 tolerance (default 1e-10).
+        max_iter: PPR iterations (default 100).
+
+    Returns:
+        ``[Q, N]`` float64 session scores (``[N]`` for a 1-D query); rank descending.
+    """
+    squeeze = query_emb.dim() == 1
+    q = query_emb[None, :] if squeeze else query_emb
+    dev = node_emb.device
+    sess = session_of_node.to(device=dev, dtype=torch.int64)
+    gran = gran_of_node.to(device=dev, dtype=torch.int64)
+    N = int(sess.max().item()) + 1 if n_sessions is None else int(n_sessions)
+    G = int(gran.max().item()) + 1 if n_gran is None else int(n_gran)
+    dt = torch.float64 if node_emb.dtype == torch.float64 else torch.float32
+    sims = q.to(device=dev, dtype=dt) @ node_emb.to(dt).T  # [Q, n]
+    w = _route(sims, gran, sess, None, G, N, temperature, router, use_router)
+    seeds = seed_scores(w[:, gran] * sims, alpha).to(torch.float64)
+    if use_ppr:
+        p = personalized_pagerank(indptr, indices, seeds, damping, tol, max_iter)
+    else:
+        p = seeds
+    out = torch.zeros(q.shape[0], N, dtype=torch.float64, device=dev)
+    out.index_add_(1, sess, p)
+    return out[0] if squeeze else out
+
+
+def memgas_session_scores_packed(
+    query_emb: Tensor,
+    query_conversation: Tensor,
+    node_emb: Tensor,
+    session_of_node: Tensor,
+    gran_of_node: Tensor,
+    conversation_of_node: Tensor,
+    indptr: Tensor,
+    indices: Tensor,
+    *,
+    n_gran: Optional[int] = None,
+    temperature: float = 0.2,
+    alpha: int = 15,
+    damping: float = 0.1,
+    router: str = "inverse",
+    use_router: bool = True,
+    use_ppr: bool = True,
+    tol: float = 1e-10,
+    max_iter: int = 100,
+    max_elements: int = 1 << 26,
+) -> Tuple[Tensor, Tensor]:
+    """MemGAS session scores for queries of MANY conversations in one pass.
+
+    The nodes of all conversations are concatenated (each conversation a contiguous
+    run; ``conversation_of_node`` ids in ``[0, C)``) with one block-diagonal graph, as
+    built by ``build_association_graph(..., conversation_of_node=...)``. Query ``q``
+    belongs to conversation ``query_conversation[q]``. Each query is scored against
+    its own conversation only (gathered, ``[chunk, n_c, d]`` at most ``max_elements``
+    entries at a time); then the k-th query of every conversation shares PPR row k
+    (``blocks=conversation_of_node``), so a LongMemEval run (one query per haystack)
+    needs a single PPR row. Results equal :func:`memgas_session_scores` run per
+    conversation.
+
+    Args:
+        query_emb: ``[Q, d]`` query embeddings.
+        query_conversation: ``[Q]`` conversation id per query.
+        node_emb: ``[n, d]`` node embeddings of all conversations.
+        session_of_node: ``[n]`` session id per node (contiguous, chronological within
+            each conversation); sessions are numbered by order of appearance.
+        gran_of_node: ``[n]`` granularity index per node.
+        conversation_of_node: ``[n]`` conversation id per node (contiguous runs).
+        indptr, indices: symmetric, block-diagonal CSR graph over all ``n`` nodes.
+        n_gran, temperature, alpha, damping, router, use_router, use_ppr, tol,
+        max_iter: as in :func:`memgas_session_scores`.
+        max_elements: bound on gathered embedding entries per query chunk (2**26).
+
+    Returns:
+        ``(scores [Q, N_max] float64, valid [Q, N_max] bool)``: column ``j`` is the
+        ``j``-th session (order of appearance) of the query's conversation; columns
+        past its session count are padding (score 0, ``valid`` False).
+    """
+    dev = node_emb.device
+    n, d = node_emb.shape
+    Q = query_emb.shape[0]
+    conv = conversation_of_node.to(device=dev, dtype=torch.int64)
+    qconv = query_conversation.to(device=dev, dtype=torch.int64)
+    gran = gran_of_node.to(device=dev, dtype=torch.int64)
+    _, _, rank = node_layout(session_of_node.to(dev), conv)
+    C = int(conv.max().item()) + 1
+    G = int(gran.max().item()) + 1 if n_gran is None else int(n_gran)
+    idx = torch.arange(n, device=dev)
+    start = torch.full((C,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, conv, idx,
+                                                                               "amin")
+    count = torch.bincount(conv, minlength=C)
+    n_sess = torch.zeros(C, dtype=torch.int64, device=dev).scatter_reduce_(0, conv, rank + 1,
+                                                                           "amax")
+    n_max = int(count.max().item())
+    N_max = int(n_sess.max().item())
+    dt = torch.float64 if node_emb.dtype == torch.float64 else torch.float32
+    emb = node_emb.to(dt)
+    qe = query_emb.to(device=dev, dtype=dt)
+
+    seeds = torch.zeros(Q, n_max, dtype=torch.float64, device=dev)
+    pos_all = torch.zeros(Q, n_max, dtype=torch.int64, device=dev)
+    ok_all = torch.zeros(Q, n_max, dtype=torch.bool, device=dev)
+    col = torch.arange(n_max, device=dev)
+    chunk = max(1, max_elements // max(1, n_max * d))
+    for q0 in range(0, Q, chunk):
+        q1 = min(Q, q0 + chunk)
+        c = qconv[q0:q1]
+        ok = col[None, :] < count[c][:, None]
+        pos = torch.where(ok, start[c][:, None] + col[None, :], torch.zeros_like(col)[None, :])
+        sims = torch.einsum("qd,qnd->qn", qe[q0:q1], emb[pos])
+        g, s = gran[pos], rank[pos]
+        w = _route(sims, g, s, ok, G, N_max, temperature, router, use_router)
+        seeds[q0:q1] = seed_scores(w.gather(1, g) * sims, alpha, ok).to(torch.float64)
+        pos_all[q0:q1], ok_all[q0:q1] = pos, ok
+
+    if use_ppr:
+        order = torch.argsort(qconv, stable=True)
+        sorted_c = qconv[order]
+        first = torch.searchsorted(sorted_c, sorted_c, right=False)
+        slot = torch.empty_like(qconv)
+        slot[order] = torch.arange(Q, device=dev) - first
+        R = int(slot.max().item()) + 1 if Q else 0
+        reset = torch.zeros(R, n, dtype=torch.float64, device=dev)
+        rows = slot[:, None].expand(Q, n_max)
+        reset.index_put_((rows[ok_all], pos_all[ok_all]), seeds[ok_all], accumulate=True)
+        p = personalized_pagerank(indptr, indices, reset, damping, tol, max_iter, blocks=conv)
+        node_p = torch.where(ok_all, p[rows, pos_all], torch.zeros_like(seeds))
+    else:
+        node_p = seeds
+    out = torch.zeros(Q, N_max + 1, dtype=torch.float64, device=dev)
+    tgt = torch.where(ok_all, rank[pos_all], torch.full_like(pos_all, N_max))
+    out.scatter_add_(1, tgt, node_p)
+    valid = torch.arange(N_max, device=dev)[None, :] < n_sess[qconv][:, None]
+    return out[:, :N_max], valid
