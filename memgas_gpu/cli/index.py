@@ -1,0 +1,25 @@
+"""``memgas index DATA --out DIR``."""
+from __future__ import annotations
+
+import click
+
+from ._common import build_index, build_options, dataset_options
+
+
+@click.command("index")
+@click.argument("data", type=click.Path(exists=True))
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Index folder to write (replaced atomically).")
+@dataset_options
+@build_options
+def index(data, out, **opts) -> None:
+    """Expand, encode and link every conversation of DATA; save the index to OUT."""
+    idx = build_index(data, **opts)
+    idx.save(out)
+    t = idx.config.get("timings", {})
+    enc = idx.config["encoding"]["sessions_and_texts"]
+    indptr, _ = idx.graph()
+    click.echo(f"wrote {out}: {idx.n_conversations} conversations, {idx.n_rows} sessions, "
+               f"{len(idx.questions)} questions, {int(indptr[-1]) // 2} edges; "
+               f"{enc['distinct']} distinct texts of {enc['texts']}; "
+               + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in t.items()))

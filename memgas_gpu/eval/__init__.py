@@ -1,0 +1,6 @@
+"""Retrieval metrics, evaluation and LongMemEval-style logs."""
+from .metrics import KS, gold_mask, metric_names, retrieval_metrics
+from .runner import Evaluation, evaluate, format_table, write_logs
+
+__all__ = ["KS", "gold_mask", "metric_names", "retrieval_metrics", "Evaluation", "evaluate",
+           "format_table", "write_logs"]
