@@ -135,7 +135,8 @@ class MemoryIndex:
                   params=GraphParams(m=m, skip_sessions=skip_sessions), config=config)
         idx._encoder = encoder
         t0 = time.perf_counter()
-        idx.graph(idx.params, device=device)
+        idx.graphs[idx.params.key()] = build_graph(idx, idx.params, device=device,
+                                                   progress=progress)
         timings["graph_s"] = time.perf_counter() - t0
         idx.config["timings"] = timings
         return idx
@@ -273,11 +274,19 @@ class MemoryIndex:
 
 
 def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] = None,
-                max_nodes_per_chunk: int = 1 << 17) -> tuple[Tensor, Tensor]:
+                max_nodes_per_chunk: int = 1 << 17,
+                progress: Optional[bool] = None) -> tuple[Tensor, Tensor]:
     """Block-diagonal association graph of all conversations, built in chunks of
     whole conversations so memory stays bounded at LongMemEval-M scale."""
+    import sys
+
+    from tqdm.auto import tqdm
+
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     offs = index.conv_offsets.tolist()
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=index.n_rows, unit="session", desc=f"graph ({params.key()})",
+               disable=not show, leave=False)
     indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
     nnz = 0
     c = 0
@@ -304,7 +313,9 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
         indptr_parts.append(ip[1:] + nnz)
         index_parts.append(ix + node0)
         nnz += int(ix.numel())
+        bar.update(offs[c_end] - offs[c])
         c = c_end
+    bar.close()
     indptr = torch.cat(indptr_parts)
     indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)
     return indptr, indices
