@@ -41,3 +41,9 @@ cli.add_command(eval_cmd)
 from .synth import synth  # noqa: E402
 
 cli.add_command(synth)
+from .expand import expand  # noqa: E402
+from .answer import answer, qa_eval  # noqa: E402
+
+cli.add_command(expand)
+cli.add_command(answer)
+cli.add_command(qa_eval)

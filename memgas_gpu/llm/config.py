@@ -1,0 +1,139 @@
+"""Endpoint settings for OpenAI-compatible chat servers (OpenAI, vLLM, llama.cpp).
+
+Every setting comes from an argument or, when that is None, from the environment:
+
+================  ==========================================================
+model             ``MEMGAS_LLM_MODEL`` (required)
+base_url          ``MEMGAS_LLM_BASE_URL``, ``OPENAI_BASE_URL``, else OpenAI's
+api_key           ``MEMGAS_LLM_API_KEY``, ``OPENAI_API_KEY`` (optional for local servers)
+================  ==========================================================
+
+The key is kept out of ``repr``, :meth:`LLMConfig.describe` and every message.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import MemgasError
+
+__all__ = ["DEFAULT_BASE_URL", "LLMConfig", "LLMError", "LLMConfigError", "redact"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+class LLMError(MemgasError):
+    """Base class of the LLM stages' errors."""
+
+
+class LLMConfigError(LLMError):
+    """A missing or invalid endpoint setting."""
+
+
+def _strip_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def redact(text: str, secret: Optional[str]) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***``."""
+    if secret and len(secret) >= 4 and secret in text:
+        text = text.replace(secret, "***")
+    return text
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """One endpoint and how to talk to it.
+
+    Attributes:
+        model: model name sent with every request.
+        base_url: server root; ``http://host:8000``, ``http://host:8000/v1`` and the full
+            ``.../chat/completions`` URL all work.
+        api_key: bearer token (never shown; optional for local servers).
+        temperature: sampling temperature (default 0, as in the paper).
+        max_tokens: completion length limit per request (default 500, the reference's).
+        concurrency: requests in flight at most (default 8).
+        timeout: seconds per attempt, connection to last byte (default 120).
+        max_retries: further attempts after a 429, a 5xx, a timeout or a connection error
+            (default 6).
+        backoff: first retry delay in seconds; doubles per attempt, with jitter
+            (default 1.0). A ``Retry-After`` header overrides it.
+        backoff_max: longest delay between attempts (default 60).
+        seed: optional ``seed`` parameter (sent only when set).
+    """
+
+    model: str
+    base_url: str = DEFAULT_BASE_URL
+    api_key: Optional[str] = field(default=None, repr=False, compare=False)
+    temperature: float = 0.0
+    max_tokens: int = 500
+    concurrency: int = 8
+    timeout: float = 120.0
+    max_retries: int = 6
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise LLMConfigError("no LLM model: pass a model name (--llm-model) or set "
+                                 "MEMGAS_LLM_MODEL")
+        if urlsplit(self.base_url).scheme not in ("http", "https"):
+            raise LLMConfigError(f"LLM base URL must start with http:// or https://, got "
+                                 f"{_strip_userinfo(self.base_url)!r}")
+        if self.concurrency < 1:
+            raise LLMConfigError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.timeout <= 0 or self.max_retries < 0 or self.max_tokens < 1:
+            raise LLMConfigError("timeout must be > 0, max_retries >= 0 and max_tokens >= 1")
+
+    @classmethod
+    def from_env(cls, model: Optional[str] = None, base_url: Optional[str] = None,
+                 api_key: Optional[str] = None, **kwargs) -> "LLMConfig":
+        """Settings from the arguments, falling back to the environment (see module doc).
+
+        Args:
+            model: model name, else ``MEMGAS_LLM_MODEL``.
+            base_url: server URL, else ``MEMGAS_LLM_BASE_URL`` / ``OPENAI_BASE_URL`` /
+                OpenAI's.
+            api_key: key, else ``MEMGAS_LLM_API_KEY`` / ``OPENAI_API_KEY``.
+            **kwargs: the other :class:`LLMConfig` fields (None values are ignored).
+
+        Raises:
+            LLMConfigError: no model, or an invalid setting.
+        """
+        env = os.environ
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return cls(
+            model=model or env.get("MEMGAS_LLM_MODEL", ""),
+            base_url=(base_url or env.get("MEMGAS_LLM_BASE_URL") or env.get("OPENAI_BASE_URL")
+                      or DEFAULT_BASE_URL),
+            api_key=api_key or env.get("MEMGAS_LLM_API_KEY") or env.get("OPENAI_API_KEY")
+            or None,
+            **kwargs)
+
+    @property
+    def endpoint(self) -> str:
+        """The full ``/chat/completions`` URL."""
+        url = self.base_url.rstrip("/")
+        if url.endswith("/chat/completions"):
+            return url
+        if url.endswith("/v1"):
+            return url + "/chat/completions"
+        return url + "/v1/chat/completions"
+
+    def params(self) -> dict:
+        """Sampling parameters sent with every request (and part of the cache key)."""
+        p = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if self.seed is not None:
+            p["seed"] = self.seed
+        return p
+
+    def describe(self) -> dict:
+        """What produced a result, for manifests and logs: never the key."""
+        return {"model": self.model, "base_url": _strip_userinfo(self.base_url),
+                **self.params()}
