@@ -42,14 +42,35 @@ def build_options(f):
                   help="The first sessions get no outgoing edges.")
     @click.option("--no-hybrid", is_flag=True, help="Skip the hybrid-text baseline embeddings.")
     @click.option("--device", default=None, help="cpu, cuda, cuda:1 … [default: auto].")
+    @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+                  metavar="[ADDRESS]",
+                  help="Run on Ray: a local instance (--ray alone) or a cluster address "
+                       "('auto', 'ray://host:10001').")
+    @click.option("--workers", type=click.IntRange(1), default=2, show_default=True,
+                  help="With --ray: encoder actors and evaluation tasks.")
+    @click.option("--gpus-per-worker", type=click.FloatRange(0), default=0.0,
+                  show_default=True, help="With --ray: GPUs per encoder actor (1 = one per GPU).")
     @functools.wraps(f)
     def wrapper(*a, **k):
         return f(*a, **k)
     return wrapper
 
 
+def ray_or_exit(address):
+    """Start/connect Ray, or stop with the install command when it is missing."""
+    try:
+        from ..distributed import init_ray
+    except ImportError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        return init_ray(address)
+    except ImportError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
-                summaries, keywords, store, m, skip_sessions, no_hybrid, device):
+                summaries, keywords, store, m, skip_sessions, no_hybrid, device,
+                ray_address=None, workers=2, gpus_per_worker=0.0):
     """Load DATA and build a MemoryIndex with the CLI's options."""
     from ..data import load_dataset
     from ..encode import EmbeddingStore, Encoder
@@ -57,6 +78,19 @@ def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_leng
 
     ds = load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
                       progress=True)
+    if ray_address:
+        ray_or_exit(ray_address)
+        from ..distributed import build_index_ray
+
+        kwargs = {"model": encoder, "pooling": pooling, "max_length": max_length}
+        if device:
+            kwargs["device"] = device
+        click.echo(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)",
+                   err=True)
+        return build_index_ray(ds, kwargs, num_workers=workers, num_gpus=gpus_per_worker,
+                               store_dir=store, summaries=summaries, keywords=keywords, m=m,
+                               skip_sessions=skip_sessions, hybrid=not no_hybrid,
+                               device=device, progress=True)
     enc = Encoder(encoder, pooling=pooling, max_length=max_length, device=device)
     st = EmbeddingStore(store, enc.fingerprint) if store else None
     click.echo(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "

@@ -12,7 +12,7 @@ from ._common import build_index, build_options, dataset_options
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
 METHODS = ("memgas", "no_gmm", "no_ppr", "no_router", "no_association", "session", "turn",
-           "summary", "keyword", "hybrid")
+           "summary", "keyword", "hybrid", "bm25", "memgas_hybrid")
 KS = (1, 3, 5, 10, 30, 50)
 
 
@@ -66,8 +66,18 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
         methods = METHODS
     params = SearchParams(temperature=temperature, alpha=alpha, damping=damping, router=router)
     results = {}
+    ray_address = opts.get("ray_address")
+    if ray_address:
+        from ._common import ray_or_exit
+        from ..distributed import retrieve_ray
+
+        ray_or_exit(ray_address)
     for method in dict.fromkeys(methods):
-        r = retrieve(idx, method=method, params=params, device=opts.get("device"))
+        if ray_address:
+            r = retrieve_ray(idx, method=method, params=params, num_tasks=opts["workers"],
+                             device=opts.get("device"))
+        else:
+            r = retrieve(idx, method=method, params=params, device=opts.get("device"))
         ev = evaluate(idx, r, ks=ks)
         results[method] = ev.summary
         click.echo(f"\n== {method} ({len(r.question_index)} questions)")

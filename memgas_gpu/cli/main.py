@@ -47,3 +47,8 @@ from .answer import answer, qa_eval  # noqa: E402
 cli.add_command(expand)
 cli.add_command(answer)
 cli.add_command(qa_eval)
+from .bench import bench  # noqa: E402
+from .sweep import sweep  # noqa: E402
+
+cli.add_command(bench)
+cli.add_command(sweep)

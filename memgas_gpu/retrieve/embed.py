@@ -54,11 +54,16 @@ class SessionTable:
         hybrid: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"``
             or None when not computed.
         sessions: the distinct Session objects, in table order.
+        turns: ``[n_turns, d]`` embedding of every turn of the distinct sessions (table
+            order), or None; session ``j``'s turns are ``turn_ptr[j]:turn_ptr[j+1]``.
+        turn_ptr: ``[n_distinct + 1]`` int64, or None.
     """
 
     gran: Tensor
     hybrid: Optional[Tensor]
     sessions: list[Session]
+    turns: Optional[Tensor] = None
+    turn_ptr: Optional[Tensor] = None
 
 
 def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = None,
@@ -97,4 +102,6 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
     t_sum = torch.zeros(n, d).index_add_(0, owner, t_flat)
     t_emb = t_sum / torch.tensor(turn_counts, dtype=torch.float32).clamp_min(1).unsqueeze(1)
     gran = torch.stack([s_emb, t_emb, u_emb, k_emb], dim=1)
-    return SessionTable(gran, h_emb, sessions), stats
+    turn_ptr = torch.cat([torch.zeros(1, dtype=torch.long),
+                          torch.tensor(turn_counts, dtype=torch.long).cumsum(0)])
+    return SessionTable(gran, h_emb, sessions, t_flat, turn_ptr), stats

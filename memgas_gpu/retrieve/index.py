@@ -60,7 +60,8 @@ class MemoryIndex:
                  conv_offsets: Tensor, row_slot: Tensor, gran: Tensor,
                  hybrid: Optional[Tensor], q_emb: Tensor, q_conv: Tensor,
                  graphs: dict[str, tuple[Tensor, Tensor]], params: GraphParams,
-                 config: dict) -> None:
+                 config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
+                 turn_ptr: Optional[Tensor] = None) -> None:
         self.conversations = conversations
         self.questions = questions
         self.conv_offsets = conv_offsets
@@ -72,6 +73,12 @@ class MemoryIndex:
         self.graphs = graphs
         self.params = params
         self.config = config
+        #: tokenised texts for the BM25 signals (:class:`memgas_gpu.lexical.LexicalIndex`)
+        self.lexical = lexical
+        #: optional per-turn embeddings of the distinct sessions (``dense_Tmax`` signal):
+        #: session slot ``j`` owns ``turns[turn_ptr[j]:turn_ptr[j+1]]``
+        self.turns = turns
+        self.turn_ptr = turn_ptr
         self._encoder = None
 
     # ------------------------------------------------------------------ building
@@ -79,7 +86,9 @@ class MemoryIndex:
     def build(cls, dataset: Dataset, encoder: Any = None, *, summaries="offline",
               keywords="offline", store: Any = None, m: int = 30, skip_sessions: int = 5,
               hybrid: bool = True, device: Optional[str] = None,
-              progress: Optional[bool] = None) -> "MemoryIndex":
+              progress: Optional[bool] = None, lexical: bool = True,
+              tokenizer: Any = None, graph_mapper=None,
+              keep_turns: bool = True) -> "MemoryIndex":
         """Expand, encode and link every conversation of ``dataset``.
 
         Args:
@@ -95,6 +104,14 @@ class MemoryIndex:
             hybrid: also embed the reference's hybrid text (for ``method="hybrid"``).
             device: where to build the graph (``None``: CUDA if available).
             progress: progress bars.
+            graph_mapper: how graph chunks run (see :func:`build_graph`; the Ray
+                backend passes parallel tasks).
+            lexical: also tokenise S, T, U, K and the questions for the BM25 signals
+                (``method="memgas_hybrid"``, ``"bm25"``); needs PyStemmer for stemming.
+            tokenizer: a :class:`memgas_gpu.lexical.Tokenizer` (default: lowercase,
+                Lucene English stopwords, Snowball English stemming).
+            keep_turns: keep every turn's embedding (for the ``dense_Tmax`` signal of
+                ``memgas_hybrid``; already computed for T, costs memory only).
         """
         if encoder is None:
             from ..encode import Encoder
@@ -111,6 +128,14 @@ class MemoryIndex:
         q_emb, q_stats = encode_unique(encoder, [q.text for q in questions], store=store,
                                        progress=progress)
         timings["encode_s"] = time.perf_counter() - t0
+        lex = None
+        if lexical:
+            from ..lexical import build_lexical
+
+            t0 = time.perf_counter()
+            lex = build_lexical(dataset, exp, table.sessions, [q.text for q in questions],
+                                tokenizer)
+            timings["lexical_s"] = time.perf_counter() - t0
         slot = {s.key: i for i, s in enumerate(table.sessions)}
         row_slot = torch.tensor([slot[s.key] for c in dataset for s in c.sessions],
                                 dtype=torch.long)
@@ -132,11 +157,15 @@ class MemoryIndex:
                   row_slot=row_slot, gran=table.gran, hybrid=table.hybrid,
                   q_emb=q_emb if len(questions) else torch.zeros(0, table.gran.shape[-1]),
                   q_conv=q_conv, graphs={},
-                  params=GraphParams(m=m, skip_sessions=skip_sessions), config=config)
+                  params=GraphParams(m=m, skip_sessions=skip_sessions), config=config,
+                  lexical=lex, turns=table.turns if keep_turns else None,
+                  turn_ptr=table.turn_ptr if keep_turns else None)
+        if lex is not None:
+            idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
         t0 = time.perf_counter()
         idx.graphs[idx.params.key()] = build_graph(idx, idx.params, device=device,
-                                                   progress=progress)
+                                                   progress=progress, mapper=graph_mapper)
         timings["graph_s"] = time.perf_counter() - t0
         idx.config["timings"] = timings
         return idx
@@ -198,11 +227,16 @@ class MemoryIndex:
         emb, _ = encode_unique(enc, texts, progress=False)
         nt = len(session.turns)
         t = emb[1:1 + nt].mean(0) if nt else torch.zeros(self.dim)
+        if self.turns is not None:
+            self.turns = torch.cat([self.turns, emb[1:1 + nt].to(self.turns.dtype)])
+            self.turn_ptr = torch.cat([self.turn_ptr, self.turn_ptr[-1:] + nt])
         row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]]).to(self.gran.dtype)
         slot = self.gran.shape[0]
         self.gran = torch.cat([self.gran, row.unsqueeze(0)])
         if self.hybrid is not None:
             self.hybrid = torch.cat([self.hybrid, emb[3 + nt:4 + nt].to(self.hybrid.dtype)])
+        if self.lexical is not None:
+            self.lexical.append_session(session, summary, keywords)
         r = int(self.conv_offsets[ci + 1])  # the new row, at the end of conversation ci
         self.row_slot = torch.cat([self.row_slot[:r], torch.tensor([slot]), self.row_slot[r:]])
         self.conv_offsets = self.conv_offsets.clone()
@@ -273,48 +307,66 @@ class MemoryIndex:
         return self.graphs[key]
 
 
+def _graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
+                 device: str) -> tuple[Tensor, Tensor]:
+    """Association graph of consecutive whole conversations (``sizes`` sessions each)."""
+    dev = torch.device(device)
+    node_emb = node_emb.to(dev)
+    conv_of_row = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    sess = torch.arange(int(sum(sizes))).repeat_interleave(N_GRAN).to(dev)
+    conv = conv_of_row.repeat_interleave(N_GRAN).to(dev)
+    if params.rule not in ("gmm", "topk"):
+        raise ValueError(f"unknown graph rule {params.rule!r} (use 'gmm' or 'topk')")
+    gmm = params.rule == "gmm"
+    ip, ix = ops.build_association_graph(node_emb, sess, m=params.m if gmm else params.topk,
+                                         skip_sessions=params.skip_sessions,
+                                         conversation_of_node=conv,
+                                         accept="gmm" if gmm else "all")
+    return ip.cpu(), ix.cpu()
+
+
+def _serial_map(fn, arg_lists):
+    return (fn(*args) for args in arg_lists)
+
+
 def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] = None,
-                max_nodes_per_chunk: int = 1 << 17,
-                progress: Optional[bool] = None) -> tuple[Tensor, Tensor]:
-    """Block-diagonal association graph of all conversations, built in chunks of
-    whole conversations so memory stays bounded at LongMemEval-M scale."""
+                max_nodes_per_chunk: int = 1 << 17, progress: Optional[bool] = None,
+                mapper=None) -> tuple[Tensor, Tensor]:
+    """Block-diagonal association graph of all conversations.
+
+    Conversations are grouped into chunks of whole conversations (at most
+    ``max_nodes_per_chunk`` nodes unless one conversation is larger) so memory stays
+    bounded at LongMemEval-M scale; each chunk is independent, and ``mapper(fn,
+    arg_lists)`` (default: in order, in this process; the Ray backend passes parallel
+    tasks) must yield their results in order.
+    """
     import sys
 
     from tqdm.auto import tqdm
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = str(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     offs = index.conv_offsets.tolist()
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=index.n_rows, unit="session", desc=f"graph ({params.key()})",
-               disable=not show, leave=False)
-    indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
-    nnz = 0
+    chunks = []
     c = 0
     while c < index.n_conversations:
         c_end = c + 1
         while (c_end < index.n_conversations
                and (offs[c_end + 1] - offs[c]) * N_GRAN <= max_nodes_per_chunk):
             c_end += 1
-        rows = torch.arange(offs[c], offs[c_end])
-        node_emb = index.node_embeddings(rows).to(dev)
-        sizes = torch.tensor([offs[i + 1] - offs[i] for i in range(c, c_end)])
-        conv_of_row = torch.repeat_interleave(torch.arange(c_end - c), sizes)
-        sess = torch.arange(rows.numel()).repeat_interleave(N_GRAN).to(dev)
-        conv = conv_of_row.repeat_interleave(N_GRAN).to(dev)
-        if params.rule not in ("gmm", "topk"):
-            raise ValueError(f"unknown graph rule {params.rule!r} (use 'gmm' or 'topk')")
-        gmm = params.rule == "gmm"
-        ip, ix = ops.build_association_graph(node_emb, sess, m=params.m if gmm else params.topk,
-                                             skip_sessions=params.skip_sessions,
-                                             conversation_of_node=conv,
-                                             accept="gmm" if gmm else "all")
-        ip, ix = ip.cpu(), ix.cpu()
-        node0 = offs[c] * N_GRAN
-        indptr_parts.append(ip[1:] + nnz)
-        index_parts.append(ix + node0)
-        nnz += int(ix.numel())
-        bar.update(offs[c_end] - offs[c])
+        chunks.append((c, c_end))
         c = c_end
+    args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
+             [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=index.n_rows, unit="session", desc=f"graph ({params.key()})",
+               disable=not show, leave=False)
+    indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
+    nnz = 0
+    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(_graph_chunk, args)):
+        indptr_parts.append(ip[1:] + nnz)
+        index_parts.append(ix + offs[a] * N_GRAN)
+        nnz += int(ix.numel())
+        bar.update(offs[b] - offs[a])
     bar.close()
     indptr = torch.cat(indptr_parts)
     indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)

@@ -41,6 +41,12 @@ def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
     }
     if index.hybrid is not None:
         tensors["hybrid"] = index.hybrid.to(dtype)
+    if getattr(index, "turns", None) is not None:
+        tensors["turns"] = index.turns.to(dtype)
+        tensors["turn_ptr"] = index.turn_ptr
+    lexical = getattr(index, "lexical", None)
+    if lexical is not None:
+        tensors.update(lexical.tensors("lexical."))
     for key, (indptr, indices) in index.graphs.items():
         tensors[f"graph.{key}.indptr"] = indptr
         tensors[f"graph.{key}.indices"] = indices
@@ -48,6 +54,7 @@ def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
         "format": FORMAT_NAME, "version": FORMAT_VERSION,
         "params": vars(index.params), "graphs": sorted(index.graphs),
         "config": index.config,
+        "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
                            "session_dates": c.session_dates} for c in index.conversations],
         "questions": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
@@ -90,9 +97,16 @@ def load_index(path: Union[str, os.PathLike]) -> MemoryIndex:
                           answer=q["answer"],
                           evidence_session_ids=tuple(q["evidence_session_ids"]),
                           is_abstention=q["is_abstention"]) for q in manifest["questions"]]
+    lexical = None
+    if manifest.get("lexical"):
+        from ..lexical import LexicalIndex
+
+        lexical = LexicalIndex.from_tensors(t, manifest["lexical"]["tokenizer"], "lexical.")
     return MemoryIndex(conversations=convs, questions=questions,
                        conv_offsets=t["conv_offsets"], row_slot=t["row_slot"],
                        gran=t["gran"].float(), hybrid=t["hybrid"].float() if "hybrid" in t
                        else None, q_emb=t["q_emb"].float(), q_conv=t["q_conv"],
                        graphs=graphs, params=GraphParams(**manifest["params"]),
-                       config=manifest["config"])
+                       config=manifest["config"], lexical=lexical,
+                       turns=t["turns"].float() if "turns" in t else None,
+                       turn_ptr=t.get("turn_ptr"))

@@ -23,7 +23,9 @@ __all__ = ["METHODS", "Retrieval", "SearchParams", "retrieve"]
 #: flat methods and the granularity they score (index into S, T, U, K; "hybrid" aside)
 FLAT = {"session": 0, "turn": 1, "summary": 2, "keyword": 3, "hybrid": None}
 GRAPH_METHODS = ("memgas", "no_gmm", "no_ppr", "no_router", "no_association")
-METHODS = GRAPH_METHODS + tuple(FLAT)
+#: methods with lexical signals (see :mod:`memgas_gpu.retrieve.hybrid`)
+LEXICAL_METHODS = ("bm25", "memgas_hybrid")
+METHODS = GRAPH_METHODS + tuple(FLAT) + LEXICAL_METHODS
 
 
 @dataclass
@@ -117,6 +119,8 @@ def retrieve(index: MemoryIndex, questions: Optional[Sequence[int]] = None,
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method in LEXICAL_METHODS:
+        return _retrieve_lexical(index, questions, method, params, device, overrides)
     params = replace(params or SearchParams(), **overrides)
     if params.router not in ("inverse", "one_minus"):
         raise ValueError(f"router must be 'inverse' or 'one_minus', got {params.router!r}")
@@ -154,3 +158,26 @@ def retrieve(index: MemoryIndex, questions: Optional[Sequence[int]] = None,
     rankings = torch.where(pos < n.to(dev).unsqueeze(1), rankings, torch.full_like(rankings, -1))
     return Retrieval(method, qi, scores.cpu(), rankings.cpu(), n,
                      params=dict(vars(params)))
+
+
+def _retrieve_lexical(index, questions, method, params, device, overrides) -> Retrieval:
+    """``bm25`` (BM25 over session text) and ``memgas_hybrid``; ``params`` is a
+    :class:`~memgas_gpu.retrieve.hybrid.HybridParams` (a :class:`SearchParams` maps its
+    temperature, alpha, damping and router onto the hybrid defaults)."""
+    from .hybrid import HybridParams, retrieve_hybrid
+
+    if isinstance(params, SearchParams):
+        params = HybridParams(alpha=params.alpha, damping=params.damping,
+                              router=params.router)
+    p = replace(params or HybridParams(), **overrides)
+    if method == "bm25":
+        p = replace(p, signals=("bm25_S",), fusion="sum", router="uniform", norm="none")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    qi = (torch.arange(len(index.questions)) if questions is None
+          else torch.as_tensor(list(questions), dtype=torch.long))
+    _, _, n, _, _ = _gather_layout(index, qi)
+    scores = retrieve_hybrid(index, qi, p, dev)
+    rankings = torch.argsort(scores, dim=1, descending=True, stable=True)
+    pos = torch.arange(scores.shape[1], device=dev).unsqueeze(0)
+    rankings = torch.where(pos < n.to(dev).unsqueeze(1), rankings, torch.full_like(rankings, -1))
+    return Retrieval(method, qi, scores.cpu(), rankings.cpu(), n, params=dict(vars(p)))

@@ -1,0 +1,69 @@
+"""``memgas bench --out DIR``: run the benchmark suite and write its report."""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+
+import click
+
+from ..bench.suite import SCALES, STAGES
+
+
+@click.command("bench")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for report.md, results.json and the PNG plots.")
+@click.option("--scale", type=click.Choice(list(SCALES)), default="s", show_default=True,
+              help="tiny: smoke test (seconds); s: 2 CPU cores in a few minutes; m: "
+                   "LongMemEval-M shape with the full sweeps (sessions 50 -> 5,000, "
+                   "haystacks 1 -> 500), meant for one H200.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:1 … [default: auto].")
+@click.option("--stages", default=",".join(STAGES), show_default=True,
+              help="Comma-separated subset of the stages.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch intra-op threads [default: 1 on CPU, like the single-threaded "
+                   "reference].")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+              help="Wall-clock seconds; sweep points after it are skipped.")
+@click.option("--no-reference", is_flag=True, help="Time only our implementation.")
+@click.option("--quiet", is_flag=True, help="No per-point progress lines.")
+def bench(out, scale, device, stages, threads, budget_s, no_reference, quiet) -> None:
+    """Benchmark every stage, ours vs the reference way; write report.md, results.json
+    and log-log scaling plots to OUT."""
+    from ..bench import run_suite, write_report
+    from ..bench.report import goal_table
+
+    chosen = [s.strip() for s in stages.split(",") if s.strip()]
+    bad = sorted(set(chosen) - set(STAGES))
+    if bad:
+        raise click.BadParameter(f"unknown {bad}; choose from {', '.join(STAGES)}",
+                                 param_hint="'--stages'")
+    log = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    t0 = time.perf_counter()
+    res = run_suite(scale, device=device, stages=chosen, threads=threads, budget_s=budget_s,
+                    reference=not no_reference, log=log)
+    res.meta["command"] = "memgas " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
+        if sys.argv and sys.argv[0].endswith("memgas") else \
+        f"memgas bench --scale {scale} --out {out}"
+    res.meta["skipped"] = res.skipped
+    paths = write_report(out, res.records, res.meta, log=log)
+    dev = res.meta["machine_info"]["device"]
+    click.echo("\n".join(_summary(res.records)))
+    if dev.startswith("cuda"):
+        click.echo("\n".join(goal_table(res.records)))
+    click.echo(f"wrote {paths['report']}, {paths['json']} and {len(paths['plots'])} plot(s) "
+               f"in {time.perf_counter() - t0:.0f} s")
+
+
+def _summary(records) -> list[str]:
+    from ..bench.report import STAGE_TITLE, fmt_rate, fmt_seconds, ratios
+
+    lines = [f"{'stage':26s} {'shape':40s} {'ours':>10s} {'reference':>10s} {'speed-up':>9s}"
+             f"  throughput"]
+    for o, ref, x in ratios(records):
+        if o.extra.get("headline"):
+            shape = " x ".join(str(v) for v in o.size.values()) + " (" + ",".join(o.size) + ")"
+            lines.append(f"{STAGE_TITLE.get(o.stage, o.stage):26s} {shape[:40]:40s} "
+                         f"{fmt_seconds(o.seconds):>10s} {fmt_seconds(ref.seconds):>10s} "
+                         f"{x:8.3g}x  {fmt_rate(o.rate, o.unit)}")
+    return lines

@@ -1,0 +1,76 @@
+"""`memgas sweep`: grid parsing, one batched run, ranked table, CSV/JSON, leave-one-out."""
+from __future__ import annotations
+
+import csv
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from memgas_gpu.cli.main import cli
+from memgas_gpu.cli.sweep import leave_one_out, parse_grid, rank, run_sweep
+
+pytest.importorskip("Stemmer")
+
+
+def test_parse_grid():
+    g = parse_grid(["alpha=15,30", "signals=bm25_S+dense_Tmax;lexical", "stopwords=en,none",
+                    "temperature=0.5"])
+    assert g["alpha"] == [15, 30] and g["temperature"] == [0.5]
+    assert g["signals"][0] == ("bm25_S", "dense_Tmax") and "bm25_K" in g["signals"][1]
+    assert g["stopwords"] == ["en", None]
+    for bad in ("alpha", "colour=red", "alpha=x", "signals=bm25_Q"):
+        with pytest.raises(click.BadParameter):
+            parse_grid([bad])
+
+
+def test_sweep_cli_writes_ranked_table_csv_json(locomo_index, tmp_path):
+    _, idx = locomo_index
+    src = tmp_path / "ix"
+    idx.save(src)
+    out = tmp_path / "res"
+    res = CliRunner().invoke(cli, [
+        "sweep", str(src), "--grid", "signals=default;bm25_S", "--grid", "fusion=sum,ppr",
+        "--grid", "alpha=15,30", "--baselines", "--device", "cpu", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "18 settings" in res.output  # 8 grid points + 10 single-signal baselines
+    assert "ranked by recall_all@3" in res.output
+    rows = list(csv.reader(open(out.with_suffix(".csv"), encoding="utf-8")))
+    head = rows[0]
+    assert head[0] == "rank" and "recall_all@3" in head and "fusion" in head
+    assert len(rows) - 1 == 8 + 10  # grid points + one row per single signal
+    r3 = [float(r[head.index("recall_all@3")]) for r in rows[1:]]
+    assert r3 == sorted(r3, reverse=True)
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["rank_by"] == "recall_all@3" and len(data["rows"]) == 18
+    best = data["rows"][0]
+    assert set(best["by_type"]) >= {"single-hop", "multi-hop", "temporal"}
+    assert best["settings"]["signals"] != "bm25_S" and not best["settings"].get("baseline")
+    assert data["leave_one_out"] == {}  # a single conversation
+
+
+def test_run_sweep_reuses_signals_and_matches_retrieve(locomo_index):
+    from memgas_gpu.eval import evaluate
+    from memgas_gpu.retrieve import retrieve
+    from memgas_gpu.retrieve.hybrid import HybridParams
+
+    _, idx = locomo_index
+    rows = run_sweep(idx, {"fusion": ["ppr", "sum"], "temperature": [1.0]}, device="cpu")
+    assert len(rows) == 2
+    for row in rows:
+        p = HybridParams(fusion=row["settings"]["fusion"])
+        ev = evaluate(idx, retrieve(idx, method="memgas_hybrid", params=p, device="cpu"))
+        assert row["recall_all@3"] == pytest.approx(ev.summary["all"]["recall_all@3"])
+
+
+def test_leave_one_out_picks_on_other_conversations():
+    def row(name, a, b):
+        return {"settings": {"x": name}, "recall_all@3": 0,
+                "by_conversation": {"c1": {"n": 10, "recall_all@3": a},
+                                    "c2": {"n": 10, "recall_all@3": b}}}
+    rows = rank([row("p", 0.9, 0.1), row("q", 0.2, 0.8)], "recall_all@3", (3,))
+    loo = leave_one_out(rows, "recall_all@3")
+    assert loo["by_conversation"]["c1"]["settings"] == {"x": "q"}  # chosen on c2
+    assert loo["by_conversation"]["c1"]["held_out"] == 0.2
+    assert loo["recall_all@3"] == pytest.approx((0.2 + 0.1) / 2)
