@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 
 from .data import Conversation, Dataset, Question, Session, load_dataset  # noqa: E402
 from .errors import DataFormatError, MemgasError  # noqa: E402
+from ._native import backend  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -16,4 +17,5 @@ __all__ = [
     "load_dataset",
     "DataFormatError",
     "MemgasError",
+    "backend",
 ]

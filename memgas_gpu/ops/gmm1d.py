@@ -56,6 +56,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _native
+
 __all__ = ["gmm1d_accept"]
 
 # RandomState(0) draws consumed by KMeans' k-means++ seeding (see module docstring).
@@ -156,14 +158,15 @@ def _kmeans_labels(x: Tensor, valid: Tensor, n: Tensor, max_iter: int, tol: floa
     x64 = xc.double()
     c0 = x64.gather(1, idx0[:, None])
     d2 = torch.where(valid, ((x64 - c0) ** 2).to(dt), zero)
-    pot = d2.sum(dim=1, keepdim=True).double()
+    pot = _np_sum(d2, n)[:, None].double()  # numpy's order, as scikit-learn's d2.sum()
     u = torch.tensor(_U_TRIALS, dtype=torch.float64, device=x.device)
     cand = torch.searchsorted(d2.double().cumsum(dim=1).to(dt).double().contiguous(),
                               (u[None, :] * pot).contiguous())
     cand = torch.minimum(cand, (n - 1)[:, None])  # [B, 2]
     xcand = x64.gather(1, cand)  # [B, 2]
     dcand = ((x64[:, None, :] - xcand[:, :, None]) ** 2).to(dt)
-    pots = torch.where(valid[:, None, :], torch.minimum(d2[:, None, :], dcand), zero).sum(dim=2)
+    pots = torch.where(valid[:, None, :], torch.minimum(d2[:, None, :], dcand), zero)
+    pots = _np_sum(pots.reshape(2 * B, m), n.repeat_interleave(2)).view(B, 2)
     best = (pots[:, 1] < pots[:, 0]).long()
     c0 = xc.gather(1, idx0[:, None]).squeeze(1)
     c1 = xc.gather(1, cand.gather(1, best[:, None])).squeeze(1)
@@ -248,6 +251,7 @@ def gmm1d_accept(
     kmeans_tol: float = 1e-4,
     kmeans_max_iter: int = 300,
     compute_dtype: torch.dtype = torch.float64,
+    backend: str = "auto",
 ) -> Tensor:
     """Accept mask of a 2-component 1-D Gaussian mixture, fitted row by row in one batch.
 
@@ -267,6 +271,9 @@ def gmm1d_accept(
         kmeans_tol: k-means tolerance, relative to the variance of the row (default 1e-4).
         kmeans_max_iter: Lloyd iterations (default 300).
         compute_dtype: working precision (default float64; see the module docstring).
+        backend: ``"auto"`` (default: the native kernel when built for the device, the
+            row length is at most 128 and ``compute_dtype`` is float64), ``"native"``
+            or ``"torch"`` (see :mod:`memgas_gpu._native`). Both give the same masks.
 
     Returns:
         ``[B, m]`` bool accept mask on the input positions. Invalid entries are False.
@@ -294,11 +301,17 @@ def gmm1d_accept(
     n = ok.sum(dim=1)
     pos = torch.arange(m, device=dev)[None, :]
     valid_s = pos < n[:, None]
+    xs = torch.where(valid_s, xs, torch.zeros_like(xs))
+    if _use_native(dev, m, compute_dtype, backend):
+        acc_sorted = _gmm1d_native(xs, n, eps, tol, reg_covar, max_iter, kmeans_tol,
+                                   kmeans_max_iter)
+        out = torch.zeros(B, m, dtype=torch.bool, device=dev)
+        out.scatter_(1, order, acc_sorted)
+        return out
     small = n < 2
     if bool(small.any()):  # give degenerate rows two dummy points; overridden below
         n = torch.where(small, torch.full_like(n, min(2, m)), n)
     valid_w = pos < n[:, None]
-    xs = torch.where(valid_s, xs, torch.zeros_like(xs))
 
     lab = _kmeans_labels(xs, valid_w, n, kmeans_max_iter, kmeans_tol)
 
@@ -337,3 +350,34 @@ def gmm1d_accept(
     out = torch.zeros(B, m, dtype=torch.bool, device=dev)
     out.scatter_(1, order, acc_sorted)
     return out
+
+
+def _use_native(dev: torch.device, m: int, compute_dtype: torch.dtype, backend: str) -> bool:
+    """Whether the native kernel runs (it covers m <= 128 and float64 EM)."""
+    if _native.resolve("gmm1d", dev, backend) != "native":
+        return False
+    ok = m <= 128 and compute_dtype == torch.float64
+    if not ok and backend == "native":
+        raise ValueError("the native gmm1d kernel needs m <= 128 and compute_dtype=float64")
+    return ok
+
+
+def _gmm1d_native(xs: Tensor, n: Tensor, eps: float, tol: float, reg_covar: float,
+                  max_iter: int, kmeans_tol: float, kmeans_max_iter: int) -> Tensor:
+    """Native fit of rows sorted descending (zeros past ``n``): sorted accept mask."""
+    B, m = xs.shape
+    xs = xs.contiguous()
+    n = n.to(torch.int64).contiguous()
+    table = torch.tensor(_first_centre_table(m), dtype=torch.int64, device=xs.device)
+    out = torch.empty(B, m, dtype=torch.uint8, device=xs.device)
+    params = (float(eps), float(tol), float(reg_covar), int(max_iter), float(kmeans_tol),
+              int(kmeans_max_iter))
+    args = (xs.data_ptr(), xs.dtype == torch.float64, n.data_ptr(), table.data_ptr(),
+            out.data_ptr(), B, m, params)
+    if xs.is_cuda:
+        with torch.cuda.device(xs.device):
+            _native.C.gmm1d_cuda(*args, torch.cuda.current_stream().cuda_stream)
+    else:
+        _native.C.gmm1d_cpu(*args, _native.n_threads())
+    return out.bool()
+

@@ -30,7 +30,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .gmm1d import gmm1d_accept
+from .. import _native
+from .gmm1d import _first_centre_table, gmm1d_accept
 
 __all__ = ["association_edges", "build_association_graph", "symmetric_csr", "node_layout"]
 
@@ -105,6 +106,7 @@ def association_edges(
     batch_size: Optional[int] = None,
     max_elements: int = 1 << 24,
     gmm_batch: int = 1 << 16,
+    backend: str = "auto",
 ) -> Tensor:
     """Directed ``new -> old`` association edges (see the module docstring).
 
@@ -124,6 +126,9 @@ def association_edges(
         batch_size: optional cap on nodes per chunk (default: set by ``max_elements``).
         max_elements: similarity entries per chunk (default 2**24; bounds memory).
         gmm_batch: candidate rows per batched GMM call (default 2**16).
+        backend: ``"auto"`` (default), ``"native"`` or ``"torch"``. On the CPU the native
+            path fuses top-``m`` selection and the GMM per node (same edges; see
+            :func:`_association_edges_native`); on CUDA only the GMM is native.
 
     Returns:
         ``[2, E]`` int64 edges ``(v, j)`` with ``j`` in an earlier session, on
@@ -160,6 +165,9 @@ def association_edges(
         0, conv_start, torch.where(eligible, idx, torch.full_like(idx, n)), "amin")[conv_first]
     plan = torch.stack([conv_first, conv_end, first_elig, elig_any]).T.tolist()
     ss_host = session_start.cpu()
+    if dev.type == "cpu" and m <= 128 and _native.resolve("graph", dev, backend) == "native":
+        return _association_edges_native(emb, session_start, ss_host, plan, m, accept,
+                                         first_node, max_elements, batch_size)
 
     buf_rows: List[Tensor] = []
     buf_cand: List[Tensor] = []
@@ -173,7 +181,7 @@ def association_edges(
             return
         vals = torch.cat(buf_vals)
         valid = torch.cat(buf_valid)
-        acc = gmm1d_accept(vals, valid) if accept == "gmm" else valid
+        acc = gmm1d_accept(vals, valid, backend=backend) if accept == "gmm" else valid
         rows = torch.cat(buf_rows)[:, None].expand_as(acc)
         cand = torch.cat(buf_cand)
         out.append(torch.stack([rows[acc], cand[acc]]))
@@ -218,6 +226,54 @@ def association_edges(
     return torch.cat(out, dim=1) if out else empty
 
 
+# Native chunks: rows per similarity block, and the fewest rows of a block: smaller
+# matrix products can take another BLAS path whose rounding differs from the torch op's.
+_NATIVE_ROWS = 256
+_NATIVE_MIN_ROWS = 64
+
+
+def _association_edges_native(emb: Tensor, session_start: Tensor, ss_host: Tensor, plan,
+                              m: int, accept: str, first_node: int, max_elements: int,
+                              batch_size: Optional[int]) -> Tensor:
+    """CPU path of :func:`association_edges`: BLAS similarities in row blocks, then one
+    native call per block selects the top ``m`` candidates of every row and fits its GMM
+    (one row per OpenMP thread). Blocks of about ``_NATIVE_ROWS`` rows keep the
+    similarity work close to the triangle (each row only needs earlier sessions) and the
+    block in cache for the selection. Same edges as the torch path, except that a tie at
+    the ``m``-th score keeps the lowest node id.
+    """
+    dt = emb.dtype
+    table = torch.tensor(_first_centre_table(m), dtype=torch.int64)
+    params = (float(torch.finfo(dt).eps), 1e-3, 1e-6, 100, 1e-4, 300)
+    threads = _native.n_threads()
+    out: List[Tensor] = []
+    for c0, c1, e0, n_elig in plan:
+        if n_elig == 0:
+            continue
+        a = max(e0, first_node)
+        while a < c1:
+            width = int(ss_host[c1 - 1]) - c0
+            rows = max(1, min(_NATIVE_ROWS, max_elements // max(width, 1)))
+            if batch_size is not None:
+                rows = max(1, min(rows, batch_size))
+            b = min(c1, a + rows)
+            if c1 - b < _NATIVE_MIN_ROWS:  # no small last block
+                b = c1 if (c1 - a) * width <= 2 * max_elements else b
+            width = int(ss_host[b - 1]) - c0
+            sims = (emb[a:b] @ emb[c0:c0 + width].T).contiguous()
+            ncand = (session_start[a:b] - c0).contiguous()
+            idx = torch.empty(b - a, m, dtype=torch.int64)
+            acc = torch.empty(b - a, m, dtype=torch.uint8)
+            _native.C.graph_topm_cpu(sims.data_ptr(), dt == torch.float64, b - a, width,
+                                     ncand.data_ptr(), m, accept == "gmm", table.data_ptr(),
+                                     params, idx.data_ptr(), acc.data_ptr(), threads)
+            keep = acc.bool()
+            rows_ix = torch.arange(a, b)[:, None].expand(b - a, m)
+            out.append(torch.stack([rows_ix[keep], idx[keep] + c0]))
+            a = b
+    return torch.cat(out, dim=1) if out else torch.zeros(2, 0, dtype=torch.int64)
+
+
 def build_association_graph(
     node_emb: Tensor,
     session_of_node: Tensor,
@@ -229,6 +285,7 @@ def build_association_graph(
     batch_size: Optional[int] = None,
     max_elements: int = 1 << 24,
     gmm_batch: int = 1 << 16,
+    backend: str = "auto",
 ) -> Tuple[Tensor, Tensor]:
     """MemGAS association graph as symmetric CSR.
 
@@ -243,6 +300,8 @@ def build_association_graph(
         batch_size: optional cap on nodes per chunk (default: set by ``max_elements``).
         max_elements: similarity entries per chunk (default 2**24).
         gmm_batch: candidate rows per batched GMM call (default 2**16).
+        backend: ``"auto"`` (default), ``"native"`` or ``"torch"`` (see
+            :func:`association_edges`).
 
     Returns:
         ``(indptr [n + 1], indices [nnz])`` int64 symmetric CSR without self-loops or
@@ -250,5 +309,6 @@ def build_association_graph(
     """
     edges = association_edges(node_emb, session_of_node, m, skip_sessions,
                               conversation_of_node, accept=accept, batch_size=batch_size,
-                              max_elements=max_elements, gmm_batch=gmm_batch)
+                              max_elements=max_elements, gmm_batch=gmm_batch,
+                              backend=backend)
     return symmetric_csr(edges, node_emb.shape[0])

@@ -100,6 +100,7 @@ def memgas_session_scores(
     use_ppr: bool = True,
     tol: float = 1e-10,
     max_iter: int = 100,
+    backend: str = "auto",
 ) -> Tensor:
     """MemGAS session scores of queries against ONE conversation.
 
@@ -120,6 +121,8 @@ def memgas_session_scores(
         use_ppr: False scores sessions by summed seeds (``no_ppr`` ablation).
         tol: PPR L1 tolerance (default 1e-10).
         max_iter: PPR iterations (default 100).
+        backend: PPR backend, ``"auto"`` (default), ``"native"`` or ``"torch"`` (see
+            :func:`~memgas_gpu.ops.ppr.personalized_pagerank`).
 
     Returns:
         ``[Q, N]`` float64 session scores (``[N]`` for a 1-D query); rank descending.
@@ -136,7 +139,8 @@ def memgas_session_scores(
     w = _route(sims, gran, sess, None, G, N, temperature, router, use_router)
     seeds = seed_scores(w[:, gran] * sims, alpha).to(torch.float64)
     if use_ppr:
-        p = personalized_pagerank(indptr, indices, seeds, damping, tol, max_iter)
+        p = personalized_pagerank(indptr, indices, seeds, damping, tol, max_iter,
+                                  backend=backend)
     else:
         p = seeds
     out = torch.zeros(q.shape[0], N, dtype=torch.float64, device=dev)
@@ -164,6 +168,7 @@ def memgas_session_scores_packed(
     tol: float = 1e-10,
     max_iter: int = 100,
     max_elements: int = 1 << 26,
+    backend: str = "auto",
 ) -> Tuple[Tensor, Tensor]:
     """MemGAS session scores for queries of MANY conversations in one pass.
 
@@ -189,6 +194,7 @@ def memgas_session_scores_packed(
         n_gran, temperature, alpha, damping, router, use_router, use_ppr, tol,
         max_iter: as in :func:`memgas_session_scores`.
         max_elements: bound on gathered embedding entries per query chunk (2**26).
+        backend: PPR backend, ``"auto"`` (default), ``"native"`` or ``"torch"``.
 
     Returns:
         ``(scores [Q, N_max] float64, valid [Q, N_max] bool)``: column ``j`` is the
@@ -242,7 +248,8 @@ def memgas_session_scores_packed(
         reset = torch.zeros(R, n, dtype=torch.float64, device=dev)
         rows = slot[:, None].expand(Q, n_max)
         reset.index_put_((rows[ok_all], pos_all[ok_all]), seeds[ok_all], accumulate=True)
-        p = personalized_pagerank(indptr, indices, reset, damping, tol, max_iter, blocks=conv)
+        p = personalized_pagerank(indptr, indices, reset, damping, tol, max_iter, blocks=conv,
+                                  backend=backend)
         node_p = torch.where(ok_all, p[rows, pos_all], torch.zeros_like(seeds))
     else:
         node_p = seeds

@@ -1,0 +1,256 @@
+"""Native kernels (memgas_gpu._C) == the torch ops: GMM masks identical, PPR within
+1e-12, graph edges identical; CUDA == CPU when a GPU is present (marker ``gpu``).
+
+Skipped when the extension is not built, except in CI (``CI=true``), where the README's
+install command must have built it (unless ``MEMGAS_BUILD_NATIVE=0``).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from memgas_gpu import _native, backend
+from memgas_gpu.ops import (association_edges, build_association_graph, gmm1d_accept,
+                            memgas_session_scores, memgas_session_scores_packed,
+                            personalized_pagerank, symmetric_csr)
+
+from _synth import conversation, gmm_rows, torch_single_thread  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILT = _native.C is not None
+REQUIRED = os.environ.get("CI") == "true" and os.environ.get("MEMGAS_BUILD_NATIVE") != "0"
+native = pytest.mark.skipif(not BUILT, reason="memgas_gpu._C is not built")
+CUDA = BUILT and torch.cuda.is_available() and _native.native_available("cuda")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA kernels and a GPU")
+
+
+def test_extension_built_where_required():
+    if REQUIRED:
+        assert BUILT, f"CI must build memgas_gpu._C: {_native._IMPORT_ERROR}"
+    assert backend("cpu") in (("native-cpu", "torch") if not REQUIRED else ("native-cpu",))
+
+
+def test_backend_resolution(monkeypatch):
+    with pytest.raises(ValueError):
+        _native.resolve("gmm1d", "cpu", "fast")
+    assert _native.resolve("gmm1d", "cpu", "torch") == "torch"
+    monkeypatch.setenv("MEMGAS_BACKEND", "torch")
+    _native._resolve.cache_clear()
+    try:
+        assert _native.resolve("gmm1d", "cpu") == "torch"
+        assert backend("cpu") == "torch"
+    finally:
+        monkeypatch.delenv("MEMGAS_BACKEND")
+        _native._resolve.cache_clear()
+    assert _native.resolve("gmm1d", "cpu") == ("native" if BUILT else "torch")
+
+
+def test_missing_native_raises_with_build_hint(monkeypatch):
+    monkeypatch.setattr(_native, "C", None)
+    _native._resolve.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="MEMGAS_BUILD_NATIVE=1 pip install -e"):
+            gmm1d_accept(torch.rand(3, 5), backend="native")
+        assert gmm1d_accept(torch.rand(3, 5)).shape == (3, 5)  # auto: torch fallback
+    finally:
+        _native._resolve.cache_clear()
+
+
+# ---------------------------------------------------------------- gmm1d ----------------
+def _same_masks(x, valid=None, device="cpu"):
+    a = gmm1d_accept(x, valid, backend="torch")
+    b = gmm1d_accept(x.to(device), None if valid is None else valid.to(device),
+                     backend="native").cpu()
+    bad = (a != b).any(dim=1)
+    assert not bool(bad.any()), f"{int(bad.sum())} of {len(x)} rows differ: {x[bad][:3]}"
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gmm1d_identical_masks_five_kinds(dtype, seed):
+    rows = torch.from_numpy(gmm_rows(3000, seed=seed)).to(dtype)
+    rows = rows[:, torch.randperm(30, generator=torch.Generator().manual_seed(seed))]
+    _same_masks(rows)
+
+
+@native
+def test_gmm1d_ties_near_constant_and_degenerate_rows():
+    g = torch.Generator().manual_seed(5)
+    ties = torch.randint(0, 3, (500, 30), generator=g).float() / 3
+    const = torch.full((3, 30), 0.25)
+    near = 0.5 + 1e-5 * torch.randn(500, 30, generator=g)
+    _same_masks(torch.cat([ties, const, near]))
+    s = torch.tensor([[0.9, float("nan"), 0.1, 0.88, 0.12, 0.11],
+                      [0.5] + [float("nan")] * 5,
+                      [float("nan")] * 6,
+                      [float("inf"), 0.2, 0.1, 0.9, 0.8, 0.85]])
+    _same_masks(s)
+    assert gmm1d_accept(s, backend="native")[1].tolist() == [True] + [False] * 5
+
+
+@native
+def test_gmm1d_short_rows_and_lengths():
+    rows = torch.from_numpy(gmm_rows(500, seed=7))
+    lengths = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
+    valid = torch.arange(30)[None, :] < lengths[:, None]
+    _same_masks(torch.where(valid, rows, torch.full_like(rows, 9.0)), valid)
+    for m in (2, 3, 8, 9, 64, 128):
+        _same_masks(torch.randn(200, m, generator=torch.Generator().manual_seed(m)))
+
+
+@native
+def test_gmm1d_real_like_rows():
+    E, s, _ = conversation(120, d=96, seed=3)
+    sims = E @ E.T
+    cand = torch.arange(len(E))[None, :] < (s * 4)[:, None]
+    vals = torch.topk(torch.where(cand, sims, torch.tensor(-float("inf"))), 30, dim=1).values
+    ok = torch.isfinite(vals)
+    _same_masks(vals[ok.sum(1) > 0], ok[ok.sum(1) > 0])
+
+
+@native
+def test_gmm1d_native_limits():
+    x = torch.randn(4, 129)
+    assert torch.equal(gmm1d_accept(x), gmm1d_accept(x, backend="torch"))  # auto: torch
+    with pytest.raises(ValueError, match="m <= 128"):
+        gmm1d_accept(x, backend="native")
+
+
+# ---------------------------------------------------------------- ppr ------------------
+def _random_graph(n, per_block, deg, seed, isolated=0.1):
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.arange(n) // per_block
+    src = torch.randint(0, n, (deg * n,), generator=g)
+    dst = blocks[src] * per_block + torch.randint(0, per_block, (deg * n,), generator=g)
+    dst = dst.clamp_max(n - 1)
+    keep = (src % per_block) >= int(per_block * isolated)
+    blocks = blocks.clamp_max(int(blocks[-1]))
+    indptr, indices = symmetric_csr(torch.stack([src[keep], dst[keep]]), n)
+    return indptr, indices, blocks, g
+
+
+@native
+@pytest.mark.parametrize("Q", [1, 3, 16, 37])
+@pytest.mark.parametrize("use_blocks", [False, True])
+def test_ppr_matches_torch(Q, use_blocks):
+    indptr, indices, blocks, g = _random_graph(600, 100, 4, seed=Q)
+    reset = torch.rand(Q, 600, generator=g, dtype=torch.float64)
+    reset[reset < 0.9] = 0
+    reset[0, :250] = 0  # empty blocks in row 0
+    if Q > 2:
+        reset[2] = 0  # an all-zero row
+        reset[1, 5] = float("nan")
+        reset[1, 6] = -1.0
+    blk = blocks if use_blocks else None
+    for max_iter in (1, 2, 100):
+        a = personalized_pagerank(indptr, indices, reset, blocks=blk, max_iter=max_iter,
+                                  backend="torch")
+        b = personalized_pagerank(indptr, indices, reset, blocks=blk, max_iter=max_iter,
+                                  backend="native")
+        assert (a - b).abs().max() <= 1e-12
+    one = personalized_pagerank(indptr, indices, reset[0], blocks=blk, backend="native")
+    assert one.shape == (600,) and torch.allclose(one, b[0], atol=1e-15, rtol=0)
+
+
+@native
+def test_ppr_validates_graph():
+    indptr = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError):
+        personalized_pagerank(indptr, torch.tensor([1, 5]), torch.ones(2), backend="native")
+    with pytest.raises(ValueError):
+        personalized_pagerank(indptr, torch.tensor([1]), torch.ones(2), backend="native")
+    empty = personalized_pagerank(torch.tensor([0]), torch.tensor([], dtype=torch.int64),
+                                  torch.ones(3, 0), backend="native")
+    assert empty.shape == (3, 0)
+
+
+# ---------------------------------------------------------------- graph + read path ----
+@native
+@pytest.mark.parametrize("accept", ["gmm", "all"])
+def test_graph_identical_edges(accept):
+    E1, s1, _ = conversation(150, d=64, seed=1)
+    E2, s2, _ = conversation(90, d=64, seed=2)
+    E, s = torch.cat([E1, E2]), torch.cat([s1, s2 + 150])
+    conv = torch.cat([torch.zeros(len(E1)), torch.ones(len(E2))]).long()
+    for dt in (torch.float32, torch.float64):
+        a = build_association_graph(E.to(dt), s, conversation_of_node=conv, accept=accept,
+                                    backend="torch")
+        b = build_association_graph(E.to(dt), s, conversation_of_node=conv, accept=accept,
+                                    backend="native")
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ea = association_edges(E, s, first_node=len(E) - 8, conversation_of_node=conv,
+                           backend="torch")
+    eb = association_edges(E, s, first_node=len(E) - 8, conversation_of_node=conv,
+                           backend="native")
+    assert set(map(tuple, ea.T.tolist())) == set(map(tuple, eb.T.tolist()))
+
+
+@native
+def test_read_path_matches_torch():
+    E, s, gr = conversation(60, d=64, seed=4)
+    indptr, indices = build_association_graph(E, s)
+    q = E[::17] + 0.1
+    a = memgas_session_scores(q, E, s, gr, indptr, indices, backend="torch")
+    b = memgas_session_scores(q, E, s, gr, indptr, indices, backend="native")
+    assert (a - b).abs().max() <= 1e-12
+    conv = torch.zeros(len(E), dtype=torch.int64)
+    qc = torch.zeros(len(q), dtype=torch.int64)
+    pa, _ = memgas_session_scores_packed(q, qc, E, s, gr, conv, indptr, indices, backend="torch")
+    pb, _ = memgas_session_scores_packed(q, qc, E, s, gr, conv, indptr, indices, backend="native")
+    assert (pa - pb).abs().max() <= 1e-12
+
+
+def test_gpu_check_dry_run():
+    """benchmarks/gpu_check.py end to end on the CPU with tiny sizes."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"),
+                          "--dry-run"], capture_output=True, text=True, timeout=300)
+    if not BUILT:
+        pytest.skip("the dry run compares the native CPU kernels with torch")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "| gmm1d masks identical" in out.stdout and "FAIL" not in out.stdout
+
+
+@pytest.mark.gpu
+@needs_cuda
+# ---------------------------------------------------------------- CUDA vs CPU ----------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cuda_gmm1d_equals_cpu(dtype, seed):
+    rows = torch.from_numpy(gmm_rows(5000, seed=seed)).to(dtype)
+    a = gmm1d_accept(rows, backend="native")
+    b = gmm1d_accept(rows.cuda(), backend="native").cpu()
+    assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("use_blocks", [False, True])
+def test_cuda_ppr_equals_cpu(use_blocks):
+    indptr, indices, blocks, g = _random_graph(3000, 300, 5, seed=9)
+    reset = torch.rand(20, 3000, generator=g, dtype=torch.float64)
+    reset[reset < 0.95] = 0
+    reset[3] = 0
+    blk = blocks if use_blocks else None
+    a = personalized_pagerank(indptr, indices, reset, blocks=blk, backend="native")
+    b = personalized_pagerank(indptr.cuda(), indices.cuda(), reset.cuda(),
+                              blocks=None if blk is None else blk.cuda(), backend="native")
+    assert (a - b.cpu()).abs().max() <= 1e-12
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graph_equals_cpu():
+    """Same graph up to similarities that cuBLAS and the CPU BLAS round differently."""
+    E, s, _ = conversation(120, d=64, seed=6)
+    E = E.double()
+    a = association_edges(E, s, backend="native")
+    b = association_edges(E.cuda(), s.cuda(), backend="native").cpu()
+    A, B = set(map(tuple, a.T.tolist())), set(map(tuple, b.T.tolist()))
+    assert len(A ^ B) <= 0.001 * len(A | B)
+
