@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator, Union
 
-__all__ = ["atomic_write", "atomic_dir"]
+__all__ = ["atomic_write", "atomic_dir", "iter_jsonl"]
 
 
 def _umask() -> int:
@@ -64,3 +64,28 @@ def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def iter_jsonl(path: Union[str, os.PathLike]) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines file.
+
+    Raises:
+        DataFormatError: a line that is not JSON or not an object (names the line).
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    import json
+
+    from .errors import DataFormatError
+
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(str(path), f"invalid JSON ({e.msg})",
+                                      record=f"line {lineno}") from None
+            if not isinstance(obj, dict):
+                raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
+            yield lineno, obj

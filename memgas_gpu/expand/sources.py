@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, Sequence, Union
 
 from ..data.model import Conversation, Session
+from .._io import iter_jsonl
 from ..errors import DataFormatError
 from .offline import OfflineExtractor
 
@@ -92,24 +93,10 @@ class JsonlSource:
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         self.path = Path(path)
         self.table: dict[str, str] = {}
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataFormatError(str(self.path), f"invalid JSON ({e.msg})",
-                                              record=f"line {lineno}") from None
-                    if not isinstance(obj, dict):
-                        raise DataFormatError(str(self.path), "expected an object",
-                                              record=f"line {lineno}")
-                    for k, v in obj.items():
-                        self.table[str(k)] = v if isinstance(v, str) else json.dumps(v) \
-                            if not isinstance(v, (int, float)) else str(v)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no such file: {self.path}") from None
+        for _, obj in iter_jsonl(self.path):
+            for k, v in obj.items():
+                self.table[str(k)] = (v if isinstance(v, str) else
+                                      str(v) if isinstance(v, (int, float)) else json.dumps(v))
 
     def config(self) -> dict:
         return {"method": self.name, "path": str(self.path), "entries": len(self.table)}

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from .._io import atomic_write
+from .._io import atomic_write, iter_jsonl
 from ..data.model import Conversation, Dataset, Session
 from ..errors import DataFormatError
 from ..expand.sources import resolve_source
@@ -55,31 +55,21 @@ def load_retrieval_log(path: Union[str, os.PathLike]) -> list[RetrievedQuestion]
         DataFormatError: invalid JSON or a missing field (names the line).
     """
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(str(path), f"invalid JSON ({e.msg})",
-                                      record=f"line {lineno}") from None
-            if not isinstance(obj, dict):
-                raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
-            qid = _field(obj, "question_id", path, lineno)
-            rr = _field(obj, "retrieval_results", path, lineno, dict)
-            items = _field(rr, "ranked_items", path, lineno, list)
-            ranked = []
-            for it in items:
-                if not isinstance(it, dict) or not isinstance(it.get("corpus_id"), str):
-                    raise DataFormatError(str(path), "ranked item without a corpus_id string",
-                                          record=f"line {lineno}", record_id=qid)
-                ranked.append((it["corpus_id"], str(it.get("timestamp") or "")))
-            conv = obj.get("conversation_id")
-            out.append(RetrievedQuestion(
-                qid, str(obj.get("question") or rr.get("query") or ""),
-                str(obj.get("question_date") or ""),
-                None if conv is None else str(conv), tuple(ranked)))
+    for lineno, obj in iter_jsonl(path):
+        qid = _field(obj, "question_id", path, lineno)
+        rr = _field(obj, "retrieval_results", path, lineno, dict)
+        items = _field(rr, "ranked_items", path, lineno, list)
+        ranked = []
+        for it in items:
+            if not isinstance(it, dict) or not isinstance(it.get("corpus_id"), str):
+                raise DataFormatError(str(path), "ranked item without a corpus_id string",
+                                      record=f"line {lineno}", record_id=qid)
+            ranked.append((it["corpus_id"], str(it.get("timestamp") or "")))
+        conv = obj.get("conversation_id")
+        out.append(RetrievedQuestion(
+            qid, str(obj.get("question") or rr.get("query") or ""),
+            str(obj.get("question_date") or ""),
+            None if conv is None else str(conv), tuple(ranked)))
     return out
 
 
@@ -185,21 +175,11 @@ def load_hypotheses(path: Union[str, os.PathLike]) -> dict[str, str]:
         DataFormatError: invalid JSON, a missing field, or a repeated question id.
     """
     out: dict[str, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(str(path), f"invalid JSON ({e.msg})",
-                                      record=f"line {lineno}") from None
-            if not isinstance(obj, dict):
-                raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
-            qid = _field(obj, "question_id", path, lineno)
-            hyp = _field(obj, "hypothesis", path, lineno)
-            if qid in out:
-                raise DataFormatError(str(path), "repeated question id",
-                                      record=f"line {lineno}", record_id=qid)
-            out[qid] = hyp
+    for lineno, obj in iter_jsonl(path):
+        qid = _field(obj, "question_id", path, lineno)
+        hyp = _field(obj, "hypothesis", path, lineno)
+        if qid in out:
+            raise DataFormatError(str(path), "repeated question id",
+                                  record=f"line {lineno}", record_id=qid)
+        out[qid] = hyp
     return out
