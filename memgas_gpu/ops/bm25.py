@@ -111,12 +111,14 @@ def bm25_scores(W: Tensor, col_key: Tensor, n_terms: int, q_indptr: Tensor, q_in
     key = q_group[qrow] * n_terms + q_indices.to(device=dev, dtype=torch.int64)
     pos = torch.searchsorted(col_key, key).clamp_max(max(col_key.numel() - 1, 0))
     hit = (col_key[pos] == key) if col_key.numel() else torch.zeros_like(key, dtype=torch.bool)
-    Qm = torch.sparse_coo_tensor(torch.stack([qrow[hit], pos[hit]]),
-                                 q_tf.to(device=dev, dtype=W.dtype)[hit],
-                                 (Q, W.shape[1]), check_invariants=False).coalesce()
+    # (W @ Qᵀ)ᵀ rather than Q @ Wᵀ: transposing the small query matrix instead of the
+    # whole document matrix made this 21x faster (64 x 500 sessions, 1 thread)
+    QmT = torch.sparse_coo_tensor(torch.stack([pos[hit], qrow[hit]]),
+                                  q_tf.to(device=dev, dtype=W.dtype)[hit],
+                                  (W.shape[1], Q), check_invariants=False).coalesce()
     with warnings.catch_warnings():  # torch routes COO @ COO through (beta) CSR kernels
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
-        return torch.sparse.mm(Qm, W.t().coalesce()).coalesce()
+        return torch.sparse.mm(W, QmT).t().coalesce()
 
 
 def bm25_dense(doc_indptr: Tensor, doc_indices: Tensor, doc_tf: Tensor, q_indptr: Tensor,
