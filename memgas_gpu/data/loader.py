@@ -103,7 +103,8 @@ def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
             from tqdm.auto import tqdm
 
             bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                       desc=f"loading {path.name}", leave=False)
+                       desc=f"loading {path.name}", leave=False,
+                       disable=None)  # None: shown on a terminal only, not in logs
         with open(path, "rb") as f:
             last = [0]
 
