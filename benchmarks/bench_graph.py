@@ -44,14 +44,6 @@ SUBSAMPLE = 200
 NATIVE = _native.native_available("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("MEMGAS_BENCH_THREADS", "1")))
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def conv():
     E, s, _ = conversation(N_SESSIONS, d=DIM, seed=0)

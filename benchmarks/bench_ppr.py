@@ -20,7 +20,6 @@ see bench_graph). Best-of-N timings.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,14 +39,6 @@ N_SESSIONS = 500
 DIM = 384
 N_QUERIES = 200
 NATIVE = _native.native_available("cpu")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("MEMGAS_BENCH_THREADS", "1")))
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

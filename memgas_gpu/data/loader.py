@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 from ..errors import DataFormatError
 from .locomo import flat_default_id, parse_locomo_record

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import defaultdict
 from typing import Optional, Sequence, Union
 
 import torch

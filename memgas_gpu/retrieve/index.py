@@ -13,16 +13,16 @@ Layout (all CPU tensors; moved to the query device on demand):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from ..data.model import Conversation, Dataset, Question, Session
+from ..data.model import Dataset, Question, Session
 from ..expand.granularity import expand_dataset
 from .. import ops
-from .embed import SessionTable, embed_sessions, encode_unique
+from .embed import embed_sessions, encode_unique
 
 __all__ = ["MemoryIndex", "GraphParams"]
 

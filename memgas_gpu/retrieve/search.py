@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from .index import N_GRAN, GraphParams, MemoryIndex
+from .index import N_GRAN, MemoryIndex
 
 __all__ = ["METHODS", "Retrieval", "SearchParams", "retrieve"]
 
