@@ -163,3 +163,29 @@ def test_add_session_extends_lexical_and_turns(locomo_list_path, minilm):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grown.turns, ref.turns, rtol=1e-4, atol=1e-4)
 
+
+
+def test_extractive_summaries_drop_the_summary_signals(locomo_index):
+    """With extractive (offline) summaries the default signal set leaves U out."""
+    import copy
+
+    from memgas_gpu.retrieve.hybrid import (DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS,
+                                            extractive_summaries, resolve_signals)
+
+    _, idx = locomo_index
+    assert not extractive_summaries(idx)  # LoCoMo's own summaries
+    assert resolve_signals(idx, HybridParams()).signals == DEFAULT_SIGNALS
+    off = copy.copy(idx)
+    off.config = {**idx.config, "expansion": {**idx.config["expansion"],
+                                             "summaries": {"name": "offline",
+                                                           "method": "offline"}}}
+    assert extractive_summaries(off)
+    assert resolve_signals(off, HybridParams()).signals == EXTRACTIVE_SIGNALS
+    assert resolve_signals(off, HybridParams(auto_signals=False)).signals == DEFAULT_SIGNALS
+    mine = ("bm25_S", "dense_U")
+    assert resolve_signals(off, HybridParams(signals=mine)).signals == mine
+    q = range(20)
+    a = retrieve(off, questions=q, method="memgas_hybrid", device="cpu")
+    b = retrieve(idx, questions=q, method="memgas_hybrid", device="cpu",
+                 params=HybridParams(signals=EXTRACTIVE_SIGNALS))
+    torch.testing.assert_close(a.scores, b.scores)

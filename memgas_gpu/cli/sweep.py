@@ -26,14 +26,17 @@ from ._common import build_index, build_options, dataset_options
 GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "alpha": int,
              "damping": float, "fusion": str, "graph": str, "k1": float, "b": float,
              "bm25_method": str, "stopwords": str}
+#: signal-set aliases besides ``all``, ``lexical``, ``dense``, ``default``: ``extractive``
+#: (:data:`~memgas_gpu.retrieve.hybrid.EXTRACTIVE_SIGNALS`)
 _BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
 
 
 def signal_set(spec: str) -> tuple:
     """``"bm25_S+dense_Tmax"`` or an alias: ``all``, ``lexical``, ``dense``, ``default``."""
-    from ..retrieve.hybrid import DEFAULT_SIGNALS, DENSE_SIGNALS, SIGNALS
+    from ..retrieve.hybrid import DEFAULT_SIGNALS, DENSE_SIGNALS, EXTRACTIVE_SIGNALS, SIGNALS
 
     aliases = {"all": SIGNALS, "dense": DENSE_SIGNALS, "default": DEFAULT_SIGNALS,
+               "extractive": EXTRACTIVE_SIGNALS,
                "lexical": tuple(s for s in SIGNALS if s.startswith("bm25"))}
     if spec in aliases:
         return aliases[spec]
@@ -88,7 +91,8 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
     with its settings, overall ``recall_all@k``, per type and per conversation."""
     import torch
 
-    from ..retrieve.hybrid import SIGNALS, HybridParams, _graph, fuse, hybrid_signals
+    from ..retrieve.hybrid import (SIGNALS, HybridParams, _graph, fuse, hybrid_signals,
+                                   resolve_signals)
     from ..retrieve.search import _gather_layout
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -138,7 +142,7 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
                        _metrics(index, qi, X[:, j], valid, n, ks))
         for fvals in itertools.product(*(grid[k] for k in fuse_axes)):
             fset = dict(zip(fuse_axes, fvals))
-            p = HybridParams(**{**fset, **bp}).check()
+            p = resolve_signals(index, HybridParams(**{**fset, **bp}))
             cols = [SIGNALS.index(s) for s in p.signals]
             scores = fuse(index, X[:, cols], valid, conv, start, p, _graph(index, p, dev))
             settings = {**bset, **fset}
@@ -201,7 +205,7 @@ def format_ranked(rows: list, ks, top: int) -> str:
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--grid", "grid_specs", multiple=True, metavar="KEY=V1,V2",
               help=f"A grid axis (repeat); KEY in {', '.join(GRID_KEYS)}. Signal sets are "
-                   "'+'-joined names or all|lexical|dense|default, separated by ';'.")
+                   "'+'-joined names or all|lexical|dense|default|extractive, separated by ';'.")
 @click.option("--k", "ks", default="3,5,10", show_default=True, help="recall_all cut-offs.")
 @click.option("--rank-by", default=None, help="Metric to rank by [default: recall_all@<first k>].")
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True,

@@ -54,8 +54,9 @@ from torch import Tensor
 
 from .. import ops
 
-__all__ = ["HybridParams", "DENSE_SIGNALS", "SIGNALS", "DEFAULT_SIGNALS", "hybrid_signals",
-           "fuse", "retrieve_hybrid", "lexical_graph"]
+__all__ = ["HybridParams", "DENSE_SIGNALS", "SIGNALS", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
+           "extractive_summaries", "resolve_signals", "hybrid_signals", "fuse", "retrieve_hybrid",
+           "lexical_graph"]
 
 DENSE_SIGNALS = ("dense_S", "dense_T", "dense_Tmax", "dense_U", "dense_K")
 SIGNALS = DENSE_SIGNALS + ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
@@ -64,6 +65,10 @@ NODE_OF = {"dense_S": 0, "dense_T": 1, "dense_Tmax": 1, "dense_U": 2, "dense_K":
            "bm25_Tmax": 1, "bm25_Tmean": 1, "bm25_U": 2, "bm25_K": 3}
 #: chosen by the sweeps in docs/hybrid.md (LoCoMo dev, leave-one-conversation-out checked)
 DEFAULT_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U")
+#: the default signals when the index's summaries are *extractive* (``summaries="offline"``:
+#: sentences copied from the session): the U signals then repeat the S evidence and count it
+#: twice, so they are left out (LoCoMo dev: 79.5 -> 82.1 recall_all@3, docs/hybrid.md)
+EXTRACTIVE_SIGNALS = ("bm25_S", "bm25_Tmax", "dense_Tmax")
 NORMS = ("z", "max", "minmax", "none")
 FUSIONS = ("ppr", "seeds", "sum", "rrf")
 GRAPHS = ("dense", "lexical", "both", "none")
@@ -88,6 +93,9 @@ class HybridParams:
             ``"seeds"`` (top-α seeds summed per session), ``"rrf"``.
         graph: ``"dense"`` (default), ``"lexical"``, ``"both"``, ``"none"``.
         k1, b, bm25_method: BM25 settings (``bm25s`` defaults).
+        auto_signals: when ``signals`` is :data:`DEFAULT_SIGNALS` and the index's summaries
+            are extractive (``summaries="offline"``), use :data:`EXTRACTIVE_SIGNALS`
+            instead (see :func:`resolve_signals`); ``False`` keeps ``signals`` as given.
     """
 
     signals: tuple = DEFAULT_SIGNALS
@@ -101,6 +109,7 @@ class HybridParams:
     k1: float = 1.5
     b: float = 0.75
     bm25_method: str = "lucene"
+    auto_signals: bool = True
 
     def check(self) -> "HybridParams":
         sig = tuple(self.signals.split("+")) if isinstance(self.signals, str) else tuple(
@@ -114,6 +123,23 @@ class HybridParams:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         return replace(self, signals=sig)
+
+
+def extractive_summaries(index) -> bool:
+    """True when the index's summaries were extracted from the session text (the
+    ``"offline"`` TF-IDF extractor), as recorded in its build config."""
+    cfg = getattr(index, "config", None) or {}
+    summ = (cfg.get("expansion") or {}).get("summaries") or {}
+    return isinstance(summ, dict) and summ.get("method") == "offline"
+
+
+def resolve_signals(index, params: HybridParams) -> HybridParams:
+    """``params`` (checked) with :data:`EXTRACTIVE_SIGNALS` in place of the default signal
+    set when ``auto_signals`` is on and :func:`extractive_summaries` holds."""
+    p = params.check()
+    if p.auto_signals and p.signals == DEFAULT_SIGNALS and extractive_summaries(index):
+        p = replace(p, signals=EXTRACTIVE_SIGNALS)
+    return p
 
 
 def _normalise(x: Tensor, valid: Tensor, norm: str) -> Tensor:
@@ -331,7 +357,7 @@ def retrieve_hybrid(index, qi: Tensor, params: HybridParams, dev: torch.device):
     """Scores ``[Q, N_max]`` (``-inf`` padding) of ``memgas_hybrid``."""
     from .search import _gather_layout
 
-    p = params.check()
+    p = resolve_signals(index, params)
     conv, start, n, valid, rows = _gather_layout(index, qi)
     x = hybrid_signals(index, qi, p.signals, rows, valid, dev, p.k1, p.b, p.bm25_method)
     scores = fuse(index, x, valid, conv, start, p, _graph(index, p, dev))
