@@ -46,7 +46,7 @@ better at @10, see docs/hybrid.md), ``"seeds"`` (step 4 skipped) and ``"rrf"``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
