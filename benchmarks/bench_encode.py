@@ -3,7 +3,7 @@
     python benchmarks/bench_encode.py [--n 500] [--budget 8192] [--repeat 1] [--threads N]
 
 Texts: the turns of the three LoCoMo conversations in
-``/work/shared/data/locomo/locomo_dev.json`` (each message ``[speaker]: text``,
+``../shared/data/locomo/locomo_dev.json`` (each message ``[speaker]: text``,
 messages merged in pairs), encoded with the bundled all-MiniLM-L6-v2. The
 baseline follows the reference: batches of 64 in input order, the HF tokenizer
 call with ``padding=True, truncation=True`` per batch, mean pooling. Rates count
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
 
 def locomo_turns(path: Path = LOCOMO) -> list[str]:

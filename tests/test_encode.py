@@ -14,7 +14,8 @@ from memgas_gpu.encode import Encoder, plan_batches, split_windows
 from memgas_gpu.encode.tiny import make_random_bert
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+from conftest import SHARED  # ../shared/data beside the checkout
+LOCOMO = SHARED / "locomo" / "locomo_dev.json"
 
 TEXTS = [
     "hello world",

@@ -12,8 +12,9 @@ from safetensors import safe_open
 from memgas_gpu.encode import EmbeddingStore, Encoder, StoreError, text_key
 from memgas_gpu.encode.tiny import make_random_bert
 
-LME_SAMPLE = Path("/work/shared/data/longmemeval_format_sample.json")
-LOCOMO = Path("/work/shared/data/locomo/locomo_dev.json")
+from conftest import SHARED  # ../shared/data beside the checkout
+LME_SAMPLE = SHARED / "longmemeval_format_sample.json"
+LOCOMO = SHARED / "locomo" / "locomo_dev.json"
 
 
 class Crash(RuntimeError):
