@@ -108,3 +108,50 @@ def test_cli_without_ray_says_how_to_install(monkeypatch, lme_sample_path):
     r = CliRunner().invoke(cli, ["index", str(lme_sample_path), "--out", "x", "--ray"])
     assert r.exit_code == 2
     assert 'pip install "memgas_gpu[ray]"' in r.output
+
+
+def test_driver_restart_resumes_from_committed_shards(local_ray, single, tiny_model, tmp_path,
+                                                     monkeypatch):
+    """A driver killed after committing two shards: the rerun encodes only the rest
+    and ends with the single-process result."""
+    from memgas_gpu.encode import EmbeddingStore
+
+    ds, _ = single
+    enc = Encoder(tiny_model, device="cpu")
+    full = MemoryIndex.build(ds, enc, store=EmbeddingStore(tmp_path / "one", enc.fingerprint,
+                                                           shard_size=16),
+                             device="cpu", progress=False, lexical=False)
+
+    class Killed(Exception):
+        pass
+
+    commit = EmbeddingStore._commit
+    calls = []
+
+    def dying_commit(self, *a, **k):
+        commit(self, *a, **k)
+        calls.append(1)
+        if len(calls) == 2:
+            raise Killed  # the driver dies right after its second shard is durable
+
+    store_dir = str(tmp_path / "ray")
+    kw = dict(num_workers=2, device="cpu", progress=False, lexical=False, store_dir=store_dir)
+    monkeypatch.setattr(EmbeddingStore, "_commit", dying_commit)
+    monkeypatch.setattr(EmbeddingStore, "__init__", _small_shards(EmbeddingStore.__init__))
+    with pytest.raises(Killed):
+        build_index_ray(ds, {"model": tiny_model}, **kw)
+    monkeypatch.setattr(EmbeddingStore, "_commit", commit)
+    committed = len(EmbeddingStore(store_dir, enc.fingerprint))
+    assert committed >= 32
+    b = build_index_ray(ds, {"model": tiny_model}, **kw)
+    total = full.config["encoding"]["sessions_and_texts"]["encoded"]
+    assert b.config["encoding"]["sessions_and_texts"]["encoded"] == total - committed
+    assert torch.equal(full.gran, b.gran) and torch.equal(full.q_emb, b.q_emb)
+    assert torch.equal(retrieve(full, method="memgas", device="cpu").rankings,
+                       retrieve(b, method="memgas", device="cpu").rankings)
+
+
+def _small_shards(init):
+    def wrapped(self, dir, fingerprint, dtype="float16", shard_size=16):
+        init(self, dir, fingerprint, dtype=dtype, shard_size=16)
+    return wrapped
