@@ -103,6 +103,21 @@ class CMakeBuild(build_ext):
         # later steps (copy to the source tree, editable wheel) must not look for them
         self.extensions = [e for e in self.extensions if e not in failed]
 
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        """Put a built extension into the source tree by copy-then-rename.
+
+        Overwriting the file in place changes the pages of every running process that
+        has the old module mapped (it crashed concurrent test runs during rebuilds);
+        a rename leaves them their old, unlinked file.
+        """
+        if not str(outfile).endswith((".so", ".pyd")):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        tmp = f"{outfile}.tmp{os.getpid()}"
+        shutil.copyfile(infile, tmp)
+        shutil.copymode(infile, tmp)
+        os.replace(tmp, outfile)
+        return outfile, 1
+
     def build_extension(self, ext: CMakeExtension) -> None:
         cuda, why = _want_cuda()
         _log(f"CUDA kernels {'on' if cuda else 'off'} ({why})")
