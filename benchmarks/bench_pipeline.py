@@ -25,27 +25,17 @@ import os
 import tempfile
 
 import pytest
-import torch
 
 from memgas_gpu.bench import (bm25_point, encode_point, graph_point, index_point,
                               make_encoder, query_point)
 from memgas_gpu.bench.data import make_haystacks, make_queries, make_terms, synthetic_texts
 from memgas_gpu.bench.report import fmt_rate, fmt_seconds
 from memgas_gpu.bench.stages import bm25_runner, query_runner
-from memgas_gpu.bench.timing import env_threads
 
 HAYSTACKS = int(os.environ.get("MEMGAS_BENCH_HAYSTACKS", "16"))
 SESSIONS = 500
 DIM = 384
 DEVICE = os.environ.get("MEMGAS_BENCH_DEVICE", "cpu")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(env_threads())
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

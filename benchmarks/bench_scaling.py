@@ -15,13 +15,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from memgas_gpu.bench import SCALES, graph_point, query_point, scaling_rows
 from memgas_gpu.bench.data import make_haystacks, make_queries
 from memgas_gpu.bench.report import fmt_bytes, fmt_seconds
 from memgas_gpu.bench.stages import graph_runner
-from memgas_gpu.bench.timing import env_threads
 
 CFG = SCALES[os.environ.get("MEMGAS_BENCH_SCALE", "s")]
 DEVICE = os.environ.get("MEMGAS_BENCH_DEVICE", "cpu")
@@ -29,14 +27,6 @@ RECORDS: list = []
 REF_CACHE: dict = {}  # per-haystack reference graph seconds, shared by both sweeps
 POINTS = ([("sessions", 1, n, CFG.sweep_queries) for n in CFG.sessions]
           + [("haystacks", c, CFG.haystack_sessions, 1) for c in CFG.haystacks])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(env_threads())
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("axis,haystacks,sessions,per", POINTS,
