@@ -58,10 +58,8 @@ def build_options(f):
 
 def ray_or_exit(address):
     """Start/connect Ray, or stop with the install command when it is missing."""
-    try:
-        from ..distributed import init_ray
-    except ImportError as e:
-        raise click.UsageError(str(e)) from None
+    from ..distributed import init_ray  # imports ray lazily
+
     try:
         return init_ray(address)
     except ImportError as e:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options
+from ._common import build_index, build_options, dataset_options, ray_or_exit
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -68,7 +68,6 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
     results = {}
     ray_address = opts.get("ray_address")
     if ray_address:
-        from ._common import ray_or_exit
         from ..distributed import retrieve_ray
 
         ray_or_exit(ray_address)
