@@ -120,3 +120,13 @@ def test_packed_cuda_matches_cpu():
     cuda = memgas_session_scores_packed(Q.cuda(), qconv.cuda(), E.cuda(), s.cuda(), g.cuda(),
                                         cid.cuda(), indptr.cuda(), indices.cuda())[0]
     torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=1e-6)
+
+
+def test_query_waves_give_each_conversation_one_query_per_row():
+    from memgas_gpu.ops import query_waves
+
+    row, n = query_waves(torch.tensor([2, 0, 2, 1, 2, 0]))
+    assert row.tolist() == [0, 0, 1, 0, 2, 1] and n == 3
+    row, n = query_waves(torch.tensor([4, 1, 7]))  # LongMemEval: one row for all
+    assert row.tolist() == [0, 0, 0] and n == 1
+    assert query_waves(torch.zeros(0, dtype=torch.long))[1] == 0

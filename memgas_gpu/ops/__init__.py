@@ -3,7 +3,8 @@ from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
 from .ppr import csr_adjacency, personalized_pagerank
 from .router import ROUTER_MODES, entropy_router, router_weights
-from .scores import memgas_session_scores, memgas_session_scores_packed, seed_scores
+from .scores import (memgas_session_scores, memgas_session_scores_packed, query_waves,
+                     seed_scores)
 
 __all__ = [
     "gmm1d_accept",
@@ -19,4 +20,5 @@ __all__ = [
     "memgas_session_scores",
     "memgas_session_scores_packed",
     "seed_scores",
+    "query_waves",
 ]

@@ -148,6 +148,25 @@ def memgas_session_scores(
     return out[0] if squeeze else out
 
 
+def query_waves(query_conversation: Tensor) -> Tuple[Tensor, int]:
+    """PageRank row of each query when conversations share rows (``blocks`` mode).
+
+    The k-th query of every conversation goes to row k (conversations never exchange
+    mass over a block-diagonal graph), so ``n_rows`` is the largest number of queries
+    of one conversation: 1 for LongMemEval.
+
+    Returns:
+        ``(row [Q] int64, n_rows)``.
+    """
+    q = query_conversation.to(torch.int64)
+    order = torch.argsort(q, stable=True)
+    sorted_c = q[order]
+    first = torch.searchsorted(sorted_c, sorted_c, right=False)
+    row = torch.empty_like(q)
+    row[order] = torch.arange(q.numel(), device=q.device) - first
+    return row, (int(row.max().item()) + 1 if q.numel() else 0)
+
+
 def _conversation_sims(qe: Tensor, emb: Tensor, qconv: Tensor, start: Tensor, count: Tensor,
                        n_max: int) -> Tensor:
     """``[Q, n_max]`` dot products of each query with the nodes of its conversation,
@@ -260,12 +279,7 @@ def memgas_session_scores_packed(
         pos_all[q0:q1], ok_all[q0:q1] = pos, ok
 
     if use_ppr:
-        order = torch.argsort(qconv, stable=True)
-        sorted_c = qconv[order]
-        first = torch.searchsorted(sorted_c, sorted_c, right=False)
-        slot = torch.empty_like(qconv)
-        slot[order] = torch.arange(Q, device=dev) - first
-        R = int(slot.max().item()) + 1 if Q else 0
+        slot, R = query_waves(qconv)
         reset = torch.zeros(R, n, dtype=torch.float64, device=dev)
         rows = slot[:, None].expand(Q, n_max)
         reset.index_put_((rows[ok_all], pos_all[ok_all]), seeds[ok_all], accumulate=True)

@@ -233,13 +233,7 @@ def _ppr_packed(index, conv: Tensor, start: Tensor, seeds: Tensor, valid: Tensor
         + torch.arange(G, device=dev)[None, :, None]
     ok = valid[:, None, :].expand(Q, G, N)
     pos = torch.where(ok, pos, torch.zeros_like(pos))
-    qconv = conv.to(dev)
-    order = torch.argsort(qconv, stable=True)
-    sorted_c = qconv[order]
-    first = torch.searchsorted(sorted_c, sorted_c)
-    slot = torch.empty_like(qconv)
-    slot[order] = torch.arange(Q, device=dev) - first
-    R = int(slot.max().item()) + 1 if Q else 0
+    slot, R = ops.query_waves(conv.to(dev))
     reset = torch.zeros(R, n, dtype=torch.float64, device=dev)
     rws = slot[:, None, None].expand(Q, G, N)
     reset.index_put_((rws[ok], pos[ok]), seeds[ok].to(torch.float64), accumulate=True)
