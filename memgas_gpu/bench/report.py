@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from .._io import atomic_write
 from .limits import RATIO_GOALS, evaluate_goals, limit_seconds
 from .scaling import scaling_rows, sweep_series
 from .timing import Record, percentile
@@ -128,7 +129,8 @@ def write_json(path, records, meta: dict) -> Path:
            "memgas_bench": {k: v for k, v in meta.items() if k not in ("machine_info",
                                                                        "commit_info")}}
     path = Path(path)
-    path.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(doc, indent=1, default=str))
     return path
 
 
@@ -239,7 +241,8 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
     if plots:
         L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     path = Path(path)
-    path.write_text("\n".join(L) + "\n", encoding="utf-8")
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(L) + "\n")
     return path
 
 
@@ -276,7 +279,8 @@ def write_plots(out_dir, records, log=print) -> list[Path]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         p = Path(out_dir) / f"scaling_{axis}.png"
-        fig.savefig(p, dpi=110)
+        with atomic_write(p, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
         plt.close(fig)
         out.append(p)
     return out
