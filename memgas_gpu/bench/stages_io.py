@@ -5,7 +5,7 @@
   tokenised by the Hugging Face tokenizer with ``padding=True`` (same model, same
   dtype: only the batching differs). Rates count real (non-padding) tokens.
 * index save/load: :meth:`MemoryIndex.save` / :meth:`MemoryIndex.load` (safetensors
-  + JSON manifest) vs ``torch.save`` / ``torch.load`` (pickle) of the same tensors and
+  + JSON manifest) vs ``torch.save`` / ``torch.load(weights_only=True)`` of the same tensors and
   metadata, in GB/s of the bytes on disk. Loads follow saves, so files are read from
   the page cache: this measures deserialisation, not the disk.
 * end-to-end: load a synthetic LongMemEval-format file, :meth:`MemoryIndex.build`
@@ -180,7 +180,7 @@ def io_point(n_conv: int, n_sessions: int, dim: int, tmp: str, *, rounds: int = 
 
         recs.append(measure(load_ref, stage="io_load",
                             impl="reference", size=size, work=rb, unit="bytes", rounds=rounds,
-                            warmup=0, note="torch.load (pickle) + a read of every tensor; page cache"))
+                            warmup=0, note="torch.load(weights_only=True) + a read of every tensor; page cache"))
         ref.unlink()
     shutil.rmtree(ours, ignore_errors=True)
     return recs
