@@ -259,3 +259,32 @@ def test_locomo_source_summaries(locomo_list_path, locomo_flat_dir):
         assert ca.source_summaries == cb.source_summaries
         for s in ca.sessions:
             assert ca.source_summaries[s.id] == rec["session_summary"][f"{s.id}_summary"]
+
+
+def test_select_conversations(locomo_list_path, locomo_flat_dir):
+    full = load_dataset(locomo_list_path)
+    held = load_dataset(locomo_list_path, exclude=["conv-26"])
+    assert [c.id for c in held] == ["conv-30", "conv-41"]
+    assert len(held.questions) == len(full.questions) - len(full.get("conv-26").questions)
+    # order follows the source, not the argument; sessions stay the same objects
+    pick = full.select(["conv-41", "conv-26"])
+    assert [c.id for c in pick] == ["conv-26", "conv-41"]
+    assert pick.get("conv-41").sessions[0] is full.get("conv-41").sessions[0]
+    assert [c.id for c in full.select(["conv-26", "conv-30"], exclude=["conv-30"])] == \
+        ["conv-26"]
+    # a folder of flat files selects the same way
+    assert [c.id for c in load_dataset(locomo_flat_dir, conversations=["conv-30"])] == \
+        ["conv-30"]
+    with pytest.raises(ValueError, match=r"no conversation 'conv-99'.*conv-26, conv-30"):
+        load_dataset(locomo_list_path, exclude=["conv-99"])
+
+
+def test_cli_conversation_selection(tmp_path, locomo_list_path):
+    r = CliRunner().invoke(cli, ["eval", str(locomo_list_path), "--method", "bm25",
+                                 "--exclude-conversations", "conv-26,conv-41",
+                                 "--device", "cpu", "--k", "3"])
+    assert r.exit_code == 0, r.output
+    assert "== bm25 (105 questions)" in r.output  # conv-30 alone
+    r = CliRunner().invoke(cli, ["eval", str(locomo_list_path), "--method", "bm25",
+                                 "--conversations", "conv-3"])
+    assert r.exit_code == 2 and "no conversation 'conv-3'" in r.output

@@ -8,6 +8,30 @@ import click
 from ..data import FORMATS
 
 
+def _id_list(ctx, param, value):
+    if value is None:
+        return None
+    ids = [v.strip() for v in value.split(",") if v.strip()]
+    if not ids:
+        raise click.BadParameter("give at least one conversation id", param=param)
+    return ids
+
+
+def load(data, fmt="auto", empty_sessions="error", user_only=False, conversations=None,
+         exclude_conversations=None, progress=True):
+    """``load_dataset`` with the dataset options; an unknown id is a usage error."""
+    from ..data import load_dataset
+
+    try:
+        return load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
+                            progress=progress, conversations=conversations,
+                            exclude=exclude_conversations)
+    except ValueError as e:
+        if type(e) is not ValueError:  # DataFormatError keeps its own exit path
+            raise
+        raise click.UsageError(str(e)) from None
+
+
 def dataset_options(f):
     @click.option("--format", "fmt", type=click.Choice(("auto",) + FORMATS), default="auto",
                   show_default=True, help="Input format of DATA.")
@@ -15,6 +39,11 @@ def dataset_options(f):
                   default="error", show_default=True, help="What to do with empty sessions.")
     @click.option("--user-only", is_flag=True,
                   help="LongMemEval: index user messages only (MemGAS indexes both roles).")
+    @click.option("--conversations", default=None, metavar="IDS", callback=_id_list,
+                  help="Use only these conversation ids (comma-separated).")
+    @click.option("--exclude-conversations", default=None, metavar="IDS", callback=_id_list,
+                  help="Drop these conversation ids (comma-separated), e.g. "
+                       "conv-26,conv-30,conv-41 to evaluate LoCoMo without its dev set.")
     @functools.wraps(f)
     def wrapper(*a, **k):
         return f(*a, **k)
@@ -68,14 +97,13 @@ def ray_or_exit(address):
 
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
                 summaries, keywords, store, m, skip_sessions, no_hybrid, device,
-                ray_address=None, workers=2, gpus_per_worker=0.0):
+                ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
+                exclude_conversations=None):
     """Load DATA and build a MemoryIndex with the CLI's options."""
-    from ..data import load_dataset
     from ..encode import EmbeddingStore, Encoder
     from ..retrieve import MemoryIndex
 
-    ds = load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
-                      progress=True)
+    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     if ray_address:
         ray_or_exit(ray_address)
         from ..distributed import build_index_ray

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .._io import atomic_write
-from ._common import dataset_options
+from ._common import dataset_options, load
 from .expand import llm_options, make_client, pop_llm_options, report_client
 
 
@@ -55,20 +55,19 @@ def _evaluate(ds, hyps, judge, source, out) -> None:
 @dataset_options
 @llm_options()
 def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, judge_model,
-           metrics_out, fmt, empty_sessions, user_only, **opts) -> None:
+           metrics_out, fmt, empty_sessions, user_only, conversations,
+           exclude_conversations, **opts) -> None:
     """Answer the questions of a retrieval log from their top-k sessions.
 
     The paper's pipeline: relevance filter over the retrieved sessions (with their
     summaries and keywords), then a concise answer given the question date. Prints
     token F1, BLEU-4, ROUGE (and judge accuracy with --judge) per question type.
     """
-    from ..data import load_dataset
     from ..llm import answer_questions, load_retrieval_log, write_hypotheses
 
     llm = pop_llm_options(opts)
     client = make_client(llm)
-    ds = load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
-                      progress=True)
+    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     log = load_retrieval_log(retrieval)
     click.echo(f"answering {len(log)} questions from their top-{top_k} sessions with "
                f"{client.config.model}" + (" (no filter)" if no_filter else ""), err=True)
@@ -100,16 +99,15 @@ def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, j
               help="Write the metrics (overall, per type, verdicts) as JSON.")
 @dataset_options
 @llm_options(model_flag="--judge-model", required=False)
-def qa_eval(hypotheses, data, out, fmt, empty_sessions, user_only, **opts) -> None:
+def qa_eval(hypotheses, data, out, fmt, empty_sessions, user_only, conversations,
+            exclude_conversations, **opts) -> None:
     """Score a hypothesis JSONL against DATA: token F1, EM, BLEU-4, ROUGE-1/2/L, and
     LLM-judge accuracy when --judge-model is given, per question type."""
-    from ..data import load_dataset
     from ..llm import load_hypotheses
 
     llm = pop_llm_options(opts)
     judge = make_client(llm) if llm["llm_model"] else None
-    ds = load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
-                      progress=True)
+    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     try:
         _evaluate(ds, load_hypotheses(hypotheses), judge, str(hypotheses), out)
     finally:

@@ -9,7 +9,7 @@ import os
 
 import click
 
-from ._common import dataset_options
+from ._common import dataset_options, load
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -92,19 +92,18 @@ def report_client(client) -> None:
               help="Prompt wording: user-user for LoCoMo, user-AI assistant otherwise.")
 @dataset_options
 @llm_options()
-def expand(data, out, dialogue, fmt, empty_sessions, user_only, **opts) -> None:
+def expand(data, out, dialogue, fmt, empty_sessions, user_only, conversations,
+           exclude_conversations, **opts) -> None:
     """Summarize and extract keywords of every distinct session of DATA with an LLM.
 
     The files feed `memgas index --summaries FILE --keywords FILE`. Responses are
     cached: a killed run resumes, a rerun sends nothing.
     """
-    from ..data import load_dataset
     from ..llm import LLMSource, dialogue_style, write_expansion_files
 
     llm = pop_llm_options(opts)
     client = make_client(llm)
-    ds = load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
-                      progress=True)
+    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     style = dialogue_style(ds) if dialogue == "auto" else dialogue
     n = len(ds.distinct_sessions())
     click.echo(f"expanding {n} distinct sessions of {len(ds)} conversations "

@@ -20,7 +20,7 @@ from typing import Optional
 import click
 
 from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options
+from ._common import build_index, build_options, dataset_options, load
 
 #: grid keys and their value types (HybridParams fields, plus ``stopwords``)
 GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "alpha": int,
@@ -235,11 +235,11 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
     else:
         idx = build_index(source, **opts)
         if "stopwords" in grid:
-            from ..data import load_dataset
             from ..expand import expand_dataset
 
-            dataset = load_dataset(source, opts["fmt"], empty_sessions=opts["empty_sessions"],
-                                   user_only=opts["user_only"])
+            dataset = load(source, opts["fmt"], opts["empty_sessions"], opts["user_only"],
+                           opts["conversations"], opts["exclude_conversations"],
+                           progress=False)
             expansion = expand_dataset(dataset, summaries=opts["summaries"],
                                        keywords=opts["keywords"])
     rows = rank(run_sweep(idx, grid, ks, opts.get("device"), dataset, expansion, baselines),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Union
+from typing import Iterable, Optional, Union
 
 from ..errors import DataFormatError
 from .locomo import flat_default_id, parse_locomo_record
@@ -140,7 +140,8 @@ def _sort_key(p: Path):
 
 def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
                  empty_sessions: str = "error", user_only: bool = False,
-                 progress: bool = False) -> Dataset:
+                 progress: bool = False, conversations: Optional[Iterable[str]] = None,
+                 exclude: Optional[Iterable[str]] = None) -> Dataset:
     """Load any supported dataset into the internal model.
 
     Args:
@@ -154,6 +155,10 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
         user_only: LongMemEval only: index user messages only (the LongMemEval
             harness's baselines); MemGAS indexes both roles (default False).
         progress: show a progress bar while streaming large files.
+        conversations: keep only these conversation ids (LoCoMo ``sample_id``,
+            LongMemEval ``question_id``, …), in file order.
+        exclude: drop these conversation ids (e.g. LoCoMo's dev conversations, to
+            evaluate on the held-out ones). See :meth:`Dataset.select`.
 
     Returns:
         A :class:`Dataset`; sessions recurring across conversations with the same
@@ -162,6 +167,7 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
     Raises:
         DataFormatError: naming the file, the record and the field.
         FileNotFoundError: if ``path`` does not exist.
+        ValueError: if ``conversations`` or ``exclude`` names an id the data lacks.
     """
     if empty_sessions not in _EMPTY:
         raise ValueError(f"empty_sessions must be one of {_EMPTY}, got {empty_sessions!r}")
@@ -176,17 +182,20 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
             raise DataFormatError(str(path), "folder holds no .json files")
     else:
         files = [path]
-    conversations: list[Conversation] = []
+    convs: list[Conversation] = []
     formats = set()
     for f in files:
         fmt = detect_format(f) if format == "auto" else format
         formats.add(fmt)
-        conversations += _load_file(f, fmt, empty_sessions, user_only, interner, progress)
+        convs += _load_file(f, fmt, empty_sessions, user_only, interner, progress)
     seen = set()
-    for c in conversations:
+    for c in convs:
         if c.id in seen:
             raise DataFormatError(str(path), f"duplicate conversation id {c.id!r}")
         seen.add(c.id)
     fmt_name = formats.pop() if len(formats) == 1 else "+".join(sorted(formats))
-    return Dataset(conversations, format=fmt_name.replace("locomo_flat", "locomo"),
-                   source=str(path))
+    ds = Dataset(convs, format=fmt_name.replace("locomo_flat", "locomo"),
+                 source=str(path))
+    if conversations is not None or exclude is not None:
+        ds = ds.select(conversations, exclude)
+    return ds

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 __all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages"]
 
@@ -127,6 +127,28 @@ class Dataset:
             if c.id == conversation_id:
                 return c
         return None
+
+    def select(self, conversations: Optional[Iterable[str]] = None,
+               exclude: Optional[Iterable[str]] = None) -> "Dataset":
+        """A dataset with only the ``conversations`` ids (all when None), minus ``exclude``.
+
+        Order follows the source. Sessions stay shared objects. Unknown ids raise
+        ``ValueError`` naming them and the source, so that a typo never silently
+        evaluates the wrong set.
+        """
+        ids = [c.id for c in self.conversations]
+        known = set(ids)
+        keep = None if conversations is None else list(dict.fromkeys(conversations))
+        drop = list(dict.fromkeys(exclude or ()))
+        missing = [i for i in (keep or []) + drop if i not in known]
+        if missing:
+            shown = ", ".join(ids[:8]) + (", …" if len(ids) > 8 else "")
+            raise ValueError(f"{self.source or 'dataset'}: no conversation "
+                             f"{', '.join(map(repr, missing))} (it has {len(ids)}: {shown})")
+        wanted = known if keep is None else set(keep)
+        wanted -= set(drop)
+        return Dataset([c for c in self.conversations if c.id in wanted], format=self.format,
+                       source=self.source)
 
     def distinct_sessions(self) -> list[Session]:
         """One Session per distinct content (:attr:`Session.key`), in first-seen order."""
