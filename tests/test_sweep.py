@@ -34,20 +34,37 @@ def test_sweep_cli_writes_ranked_table_csv_json(locomo_index, tmp_path):
         "sweep", str(src), "--grid", "signals=default;bm25_S", "--grid", "fusion=sum,ppr",
         "--grid", "alpha=15,30", "--baselines", "--device", "cpu", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "18 settings" in res.output  # 8 grid points + 10 single-signal baselines
+    assert "19 settings" in res.output  # 8 grid points + 10 single signals + plain BM25
     assert "ranked by recall_all@3" in res.output
     rows = list(csv.reader(open(out.with_suffix(".csv"), encoding="utf-8")))
     head = rows[0]
     assert head[0] == "rank" and "recall_all@3" in head and "fusion" in head
-    assert len(rows) - 1 == 8 + 10  # grid points + one row per single signal
+    assert len(rows) - 1 == 8 + 10 + 1  # grid points, one row per single signal, plain BM25
     r3 = [float(r[head.index("recall_all@3")]) for r in rows[1:]]
     assert r3 == sorted(r3, reverse=True)
     data = json.loads(out.with_suffix(".json").read_text())
-    assert data["rank_by"] == "recall_all@3" and len(data["rows"]) == 18
+    assert data["rank_by"] == "recall_all@3" and len(data["rows"]) == 19
     best = data["rows"][0]
     assert set(best["by_type"]) >= {"single-hop", "multi-hop", "temporal"}
     assert best["settings"]["signals"] != "bm25_S" and not best["settings"].get("baseline")
     assert data["leave_one_out"] == {}  # a single conversation
+    # the plain BM25 row is retrieve(method="bm25")
+    from memgas_gpu.eval import evaluate
+    from memgas_gpu.retrieve import retrieve
+
+    plain = next(r for r in data["rows"] if r["settings"]["signals"] == "bm25 (plain)")
+    ev = evaluate(idx, retrieve(idx, method="bm25", device="cpu"), ks=(3, 5, 10))
+    assert plain["recall_all@5"] == pytest.approx(ev.summary["all"]["recall_all@5"])
+    # per-type gains of rank 1 over the best baseline of each cell
+    gains = data["gains"]
+    assert {(g["type"], g["k"]) for g in gains} >= {("all", 3), ("single-hop", 10)}
+    for g in gains:
+        t, m = g["type"], f"recall_all@{g['k']}"
+        vals = [(r[m] if t == "all" else r["by_type"][t][m]) for r in data["rows"]
+                if r["settings"].get("baseline")]
+        assert g["best_baseline"] == pytest.approx(100 * max(vals))
+        assert g["gain"] == pytest.approx(g["ours"] - g["best_baseline"])
+    assert "rank 1 against the best baseline" in res.output
 
 
 def test_run_sweep_reuses_signals_and_matches_retrieve(locomo_index):

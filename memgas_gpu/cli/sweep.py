@@ -29,6 +29,8 @@ GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "
 #: signal-set aliases besides ``all``, ``lexical``, ``dense``, ``default``: ``extractive``
 #: (:data:`~memgas_gpu.retrieve.hybrid.EXTRACTIVE_SIGNALS`)
 _BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
+#: the name of the plain BM25 baseline row (``method="bm25"``: bm25s's tokenizer defaults)
+PLAIN_BM25 = "bm25 (plain)"
 
 
 def signal_set(spec: str) -> tuple:
@@ -137,6 +139,12 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
         bp = {k: v for k, v in bset.items() if k != "stopwords"}
         X = hybrid_signals(index, qi, SIGNALS, rows, valid, dev, **bp)
         if baselines:
+            if not bset:  # the plain baseline does not depend on the BM25 grid
+                from ..eval import evaluate
+                from ..retrieve import retrieve
+
+                record({"signals": PLAIN_BM25, "baseline": True},
+                       evaluate(index, retrieve(index, method="bm25", device=device), ks=ks))
             for j, name in enumerate(SIGNALS):
                 record({**bset, "signals": name, "baseline": True},
                        _metrics(index, qi, X[:, j], valid, n, ks))
@@ -177,6 +185,39 @@ def leave_one_out(rows: list, by: str) -> dict:
         tot += held[by] * held["n"]
         nq += held["n"]
     return {"by_conversation": out, by: tot / max(nq, 1), "metric": by}
+
+
+def gains(rows: list, ks) -> list:
+    """Per question type (and ``all``) and k: the best non-baseline row against the best
+    baseline (every single signal and plain BM25). Rows: ``(type, k, ours, best_baseline,
+    baseline_name, delta)``, in percent."""
+    top = next((r for r in rows if not r["settings"].get("baseline")), None)
+    base = [r for r in rows if r["settings"].get("baseline")]
+    if top is None or not base:
+        return []
+
+    def get(r, t, m):
+        return r[m] if t == "all" else r["by_type"].get(t, {}).get(m, float("nan"))
+
+    out = []
+    for t in ["all"] + list(top["by_type"]):
+        for k in ks:
+            m = f"recall_all@{k}"
+            b = max(base, key=lambda r: get(r, t, m))
+            ours, best = 100 * get(top, t, m), 100 * get(b, t, m)
+            out.append((t, k, ours, best, b["settings"]["signals"], ours - best))
+    return out
+
+
+def format_gains(g: list) -> str:
+    if not g:
+        return ""
+    w = max(len(x[0]) for x in g)
+    lines = [f"{'type':<{w}}  {'k':<3} {'ours':>6}  {'best':>6} {'baseline':<28} {'gain':>6}"]
+    for t, k, ours, best, name, d in g:
+        mark = "" if d > 1e-9 else ("  (tie)" if abs(d) <= 1e-9 else "  (LOSS)")
+        lines.append(f"{t:<{w}}  {k:<3} {ours:6.2f}  {best:6.2f} {name:<28} {d:+6.2f}{mark}")
+    return "\n".join(lines)
 
 
 def _flat(rows: list, ks) -> tuple:
@@ -247,6 +288,10 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
     loo = leave_one_out(rows, by) if idx.n_conversations > 1 else {}
     click.echo(f"{len(rows)} settings, {len(idx.questions)} questions; ranked by {by} (%):")
     click.echo(format_ranked(rows, ks, top))
+    g = gains(rows, ks) if baselines else []
+    if g:
+        click.echo("rank 1 against the best baseline, per question type (%):")
+        click.echo(format_gains(g))
     if loo:
         click.echo(f"leave-one-conversation-out {by}: {100 * loo[by]:.2f}")
         for c, v in loo["by_conversation"].items():
@@ -265,5 +310,7 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
             json.dump({"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
                                                           else v for v in vals]
                                                       for k, vals in grid.items()},
-                       "rank_by": by, "rows": rows, "leave_one_out": loo}, f, indent=1)
+                       "rank_by": by, "rows": rows, "leave_one_out": loo,
+                       "gains": [dict(zip(("type", "k", "ours", "best_baseline", "baseline",
+                                           "gain"), x)) for x in g]}, f, indent=1)
         click.echo(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}", err=True)
