@@ -29,8 +29,8 @@ GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "
 #: signal-set aliases besides ``all``, ``lexical``, ``dense``, ``default``: ``extractive``
 #: (:data:`~memgas_gpu.retrieve.hybrid.EXTRACTIVE_SIGNALS`)
 _BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
-#: the name of the plain BM25 baseline row (``method="bm25"``: bm25s's tokenizer defaults)
-PLAIN_BM25 = "bm25 (plain)"
+#: the plain BM25 baseline row: session text, ``bm25s``'s tokenizer defaults (needs DATA)
+PLAIN_BM25 = "bm25 (bm25s defaults)"
 
 
 def signal_set(spec: str) -> tuple:
@@ -106,6 +106,7 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
     bm25_axes = [k for k in _BM25_KEYS if k in grid]
     fuse_axes = [k for k in keys if k not in _BM25_KEYS]
     results = []
+    own_lexical = index.lexical
 
     def record(settings, ev):
         pq = ev.per_question
@@ -126,25 +127,13 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
         if "stopwords" in bset:
             if dataset is None:
                 raise click.UsageError("a stopwords grid needs DATA (a dataset), not an index")
-            from ..lexical import Tokenizer, build_lexical
+            from ..lexical import Tokenizer
 
-            dist = {}
-            for c in dataset:
-                for s in c.sessions:
-                    dist.setdefault(s.key, s)
-            sessions = [dist[k] for k in dist]
-            index.lexical = build_lexical(dataset, expansion, sessions,
-                                          [q.text for q in index.questions],
-                                          Tokenizer(stopwords=bset["stopwords"]))
+            index.lexical = relex(index, dataset, expansion,
+                                  Tokenizer(stopwords=bset["stopwords"]))
         bp = {k: v for k, v in bset.items() if k != "stopwords"}
         X = hybrid_signals(index, qi, SIGNALS, rows, valid, dev, **bp)
         if baselines:
-            if not bset:  # the plain baseline does not depend on the BM25 grid
-                from ..eval import evaluate
-                from ..retrieve import retrieve
-
-                record({"signals": PLAIN_BM25, "baseline": True},
-                       evaluate(index, retrieve(index, method="bm25", device=device), ks=ks))
             for j, name in enumerate(SIGNALS):
                 record({**bset, "signals": name, "baseline": True},
                        _metrics(index, qi, X[:, j], valid, n, ks))
@@ -157,7 +146,33 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
             if "signals" in settings:
                 settings["signals"] = "+".join(p.signals)
             record(settings, _metrics(index, qi, scores, valid, n, ks))
+    index.lexical = own_lexical
+    if baselines and dataset is not None:
+        # the issue's plain baseline: BM25 over session text with bm25s's own tokenizer
+        # defaults (Lucene stopwords, Snowball stemming), k1 1.5, b 0.75
+        from ..lexical import Tokenizer
+
+        index.lexical = relex(index, dataset, expansion, Tokenizer())
+        try:
+            X = hybrid_signals(index, qi, ("bm25_S",), rows, valid, dev)
+        finally:
+            index.lexical = own_lexical
+        record({"signals": PLAIN_BM25, "baseline": True},
+               _metrics(index, qi, X[:, 0], valid, n, ks))
     return results
+
+
+def relex(index, dataset, expansion, tokenizer):
+    """The index's lexical index rebuilt from ``dataset`` with another ``tokenizer``
+    (same sessions in the same slots, same summaries and keywords, same questions)."""
+    from ..lexical import build_lexical
+
+    dist: dict = {}
+    for c in dataset:
+        for s in c.sessions:
+            dist.setdefault(s.key, s)
+    return build_lexical(dataset, expansion, list(dist.values()),
+                         [q.text for q in index.questions], tokenizer)
 
 
 def rank(rows: list, by: str, ks) -> list:
@@ -251,7 +266,9 @@ def format_ranked(rows: list, ks, top: int) -> str:
 @click.option("--rank-by", default=None, help="Metric to rank by [default: recall_all@<first k>].")
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True,
               help="Rows printed.")
-@click.option("--baselines", is_flag=True, help="Also evaluate every single signal alone.")
+@click.option("--baselines", is_flag=True,
+              help="Also evaluate every single signal alone and, when SOURCE is a dataset, "
+                   "plain BM25 over session text with bm25s's tokenizer defaults.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write <out>.csv and <out>.json (ranked, with per-type and "
                    "per-conversation metrics and the leave-one-out estimate).")
@@ -275,7 +292,7 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
         idx = MemoryIndex.load(src)
     else:
         idx = build_index(source, **opts)
-        if "stopwords" in grid:
+        if "stopwords" in grid or baselines:
             from ..expand import expand_dataset
 
             dataset = load(source, opts["fmt"], opts["empty_sessions"], opts["user_only"],
