@@ -159,6 +159,46 @@ def test_ppr_matches_torch(Q, use_blocks):
 
 
 @native
+@pytest.mark.parametrize("Q", [1, 3])
+def test_ppr_row_split_across_threads_is_bitwise_identical(Q):
+    """Fewer tiles than threads: one row is cut into node ranges at block boundaries
+    (LongMemEval's one question per conversation). Same bits as one thread, and as the
+    torch op to 1e-12; blocks of one node, dangling nodes and empty resets included."""
+    g = torch.Generator().manual_seed(Q)
+    sizes = torch.randint(1, 40, (120,), generator=g)
+    sizes[::7] = 1  # single-node blocks (ranges of one node)
+    blocks = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    n = int(sizes.sum())
+    start = torch.cumsum(sizes, 0) - sizes
+    src = torch.randint(0, n, (3 * n,), generator=g)
+    b = blocks[src]
+    dst = start[b] + (torch.rand(3 * n, generator=g) * sizes[b]).long()
+    keep = (src % 5) != 0  # some nodes keep no edges: dangling
+    indptr, indices = symmetric_csr(torch.stack([src[keep], dst[keep]]), n)
+    reset = torch.rand(Q, n, generator=g, dtype=torch.float64)
+    reset[reset < 0.7] = 0
+    reset[0, : n // 3] = 0  # blocks with an empty reset
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(personalized_pagerank(indptr, indices, reset, blocks=blocks,
+                                              backend="native"))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="torch")
+    assert (outs[0] - ref).abs().max() <= 1e-12
+    # a block split into two runs cannot be cut by range: same results, unsplit
+    perm_blocks = blocks.clone()
+    perm_blocks[blocks == 2] = 0  # block 0 now has two runs, with block 1 between them
+    a = personalized_pagerank(indptr, indices, reset, blocks=perm_blocks, backend="native")
+    r = personalized_pagerank(indptr, indices, reset, blocks=perm_blocks, backend="torch")
+    assert (a - r).abs().max() <= 1e-12
+
+
+@native
 def test_ppr_validates_graph():
     indptr = torch.tensor([0, 1, 2])
     with pytest.raises(ValueError):

@@ -3,7 +3,11 @@
 // L1 residual per iteration) in node-major [n, TQ] buffers that it reuses for its next
 // tile. Neighbour sums run in CSR order (as the torch op), two nodes interleaved to hide
 // the add latency. Per (block, column) convergence exactly as the torch op: a converged
-// pair is frozen while the others go on. No atomics; results do not depend on threads.
+// pair is frozen while the others go on. With fewer tiles than threads (one question per
+// conversation, LongMemEval's shape) a block-diagonal graph is also cut into node ranges
+// at block boundaries, one (tile, range) per task: a block's iterations only read its
+// own nodes, so the split gives the same bits. No atomics; results do not depend on
+// threads.
 #include "ppr_cpu.h"
 
 #include <algorithm>
@@ -37,7 +41,9 @@ struct Work {  // one thread's tile buffers, [n, TQ] and [n_blocks, TQ]
 // acc[0:TQ] = sum of y[j, 0:TQ] over the neighbours j of node i, in CSR order
 template <typename I, int TQ>
 inline void gather(const int64_t* indptr, const I* indices, const double* y, int64_t i,
-                   double* out) {
+                   int64_t base, double* out) {
+  // indptr is offset to the range's first node; indices are global, y is range-local
+  y -= base * TQ;
   if constexpr (TQ % 4 == 0) {
     constexpr int NV = TQ / 4;
     v4d a[NV], b[NV];  // nodes i and i + 1, interleaved: two independent add chains
@@ -69,11 +75,18 @@ inline void gather(const int64_t* indptr, const I* indices, const double* y, int
   }
 }
 
+// Nodes [lo, lo + n) of the graph (a union of whole blocks), columns [q0, q0 + cols).
+// blocks: the range's block ids in [0, nb) (nullptr: one block); dang: its dangling nodes.
 template <typename I, int TQ>
-MG_CLONES void tile(const int64_t* indptr, const I* indices, int64_t n, const double* r,
-                    int64_t Q, int64_t q0, int cols, const int64_t* blocks, int64_t nb,
-                    double d, double tol, int64_t max_iter, const double* inv_deg,
-                    const std::vector<int64_t>& dang, Work& w, double* out) {
+MG_CLONES void tile(const int64_t* indptr, const I* indices, int64_t lo, int64_t n,
+                    const double* r, int64_t Q, int64_t q0, int cols, const int64_t* blocks,
+                    int64_t nb, double d, double tol, int64_t max_iter,
+                    const double* inv_deg, const int64_t* dang, int64_t n_dang, Work& w,
+                    double* out) {
+  indptr += lo;
+  inv_deg += lo;
+  r += lo * Q;
+  out += lo * Q;
   // columns [cols, TQ) are zero padding: they converge at once and are never written
   w.p.assign(n * TQ, 0.0);
   w.rt.assign(n * TQ, 0.0);
@@ -88,13 +101,14 @@ MG_CLONES void tile(const int64_t* indptr, const I* indices, int64_t n, const do
   for (int64_t i = 0; i < n; ++i)
     for (int c = 0; c < cols; ++c) p[i * TQ + c] = rt[i * TQ + c] = r[i * Q + q0 + c];
   const double keep = 1.0 - d;
-  const bool has_dang = !dang.empty();
+  const bool has_dang = n_dang > 0;
   double acc[2 * TQ];
   for (int64_t it = 0; it < max_iter; ++it) {
     for (int64_t i = 0; i < n; ++i)
       for (int c = 0; c < TQ; ++c) y[i * TQ + c] = p[i * TQ + c] * inv_deg[i];
     std::fill(dmass, dmass + nb * TQ, 0.0);
-    for (int64_t i : dang) {  // mass on dangling nodes, per block
+    for (int64_t k = 0; k < n_dang; ++k) {  // mass on dangling nodes, per block
+      const int64_t i = dang[k] - lo;
       const int64_t b = blocks ? blocks[i] : 0;
       for (int c = 0; c < TQ; ++c) dmass[b * TQ + c] += p[i * TQ + c];
     }
@@ -104,10 +118,14 @@ MG_CLONES void tile(const int64_t* indptr, const I* indices, int64_t n, const do
     for (int64_t i = 0; i < n; ++i) {
       if ((i & 1) == 0) {
         if (i + 1 < n) {
-          gather<I, TQ>(indptr, indices, y, i, acc);
-        } else {  // last node alone: gather it as the second of the pair (i - 1, i)
-          gather<I, TQ>(indptr, indices, y, i - 1, acc);
+          gather<I, TQ>(indptr, indices, y, i, lo, acc);
+        } else if (i > 0) {  // last node alone: gather it as the second of (i - 1, i)
+          gather<I, TQ>(indptr, indices, y, i - 1, lo, acc);
           std::memcpy(acc, acc + TQ, sizeof(double) * TQ);
+        } else {  // a range of one node: the pair (0, 1) would read past the range
+          for (int c = 0; c < TQ; ++c) acc[c] = 0.0;
+          for (int64_t e = indptr[0]; e < indptr[1]; ++e)
+            for (int c = 0; c < TQ; ++c) acc[c] += y[((int64_t)indices[e] - lo) * TQ + c];
         }
       }
       const double* a = acc + (i & 1) * TQ;
@@ -141,6 +159,41 @@ MG_CLONES void tile(const int64_t* indptr, const I* indices, int64_t n, const do
     for (int c = 0; c < cols; ++c) out[i * Q + q0 + c] = p[i * TQ + c];
 }
 
+// Node ranges [cuts[k], cuts[k + 1]) for splitting one row across threads: whole blocks
+// only, about equal work (nodes + edges) each, and no edge between ranges; each range
+// gets its blocks renumbered from 0 in `local` (nb_of[k] of them). Returns {0, n} when
+// the graph cannot be split that way (a block in two runs, or an edge across blocks).
+template <typename I>
+std::vector<int64_t> block_ranges(const int64_t* indptr, const I* indices, int64_t n,
+                                  const int64_t* blocks, int64_t nb, int parts,
+                                  std::vector<int64_t>& local, std::vector<int64_t>& nb_of) {
+  std::vector<int64_t> cuts{0};
+  std::vector<uint8_t> seen(nb, 0);
+  const double total = (double)n + (double)indptr[n];
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > 0 && blocks[i] == blocks[i - 1]) continue;
+    if (seen[blocks[i]]) return {0, n};  // a block in two runs: keep one range
+    seen[blocks[i]] = 1;
+    const double done = (double)i + (double)indptr[i];
+    if (i > 0 && done >= total * (double)cuts.size() / parts) cuts.push_back(i);
+  }
+  cuts.push_back(n);
+  local.assign(n, 0);
+  nb_of.assign(cuts.size() - 1, 0);
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    int64_t id = -1;
+    for (int64_t i = cuts[k]; i < cuts[k + 1]; ++i) {
+      if (i == cuts[k] || blocks[i] != blocks[i - 1]) ++id;
+      local[i] = id;
+      for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e)
+        if ((int64_t)indices[e] < cuts[k] || (int64_t)indices[e] >= cuts[k + 1])
+          return {0, n};  // an edge leaves the range: not block-diagonal
+    }
+    nb_of[k] = id + 1;
+  }
+  return cuts;
+}
+
 template <typename I>
 void run(const int64_t* indptr, const I* indices, int64_t n, const double* r, int64_t Q,
          const int64_t* blocks, int64_t nb, double d, double tol, int64_t max_iter,
@@ -156,25 +209,42 @@ void run(const int64_t* indptr, const I* indices, int64_t n, const double* r, in
   // per conversation in blocks mode); the last tile is zero-padded
   const int width = Q >= kTile ? kTile : (Q > 1 ? 4 : 1);
   const int64_t n_tiles = (Q + width - 1) / width;
-  const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tiles));
+  // fewer tiles than threads on a block-diagonal graph: also split the nodes (4 ranges
+  // per thread for balance) so that every thread has work
+  std::vector<int64_t> cuts{0, n}, local, nb_of;
+  if (blocks && nb > 1 && n_threads > 1 && n_tiles < n_threads)
+    cuts = block_ranges(indptr, indices, n, blocks, nb, 4 * n_threads, local, nb_of);
+  const int64_t n_ranges = (int64_t)cuts.size() - 1;
+  std::vector<int64_t> dang_at(n_ranges + 1, 0);  // dang[dang_at[k]:dang_at[k+1]] in range k
+  for (int64_t k = 0; k < n_ranges; ++k)
+    dang_at[k + 1] = std::lower_bound(dang.begin(), dang.end(), cuts[k + 1]) - dang.begin();
+  const int64_t n_tasks = n_tiles * n_ranges;
+  const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks));
 #pragma omp parallel num_threads(threads)
   {
     // buffers kept per thread between calls (no page faults on every batch of
     // queries); released after a call on a very large graph
     static thread_local Work w;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tiles; ++t) {
+    for (int64_t task = 0; task < n_tasks; ++task) {
+      const int64_t t = task / n_ranges, k = task % n_ranges;
       const int64_t q0 = t * width;
       const int cols = (int)std::min<int64_t>(Q - q0, width);
+      const int64_t lo = cuts[k], len = cuts[k + 1] - cuts[k];
+      const bool split = n_ranges > 1;
+      const int64_t* blk = split ? local.data() + lo : blocks;
+      const int64_t nbk = split ? nb_of[k] : nb;
+      const int64_t* dg = dang.data() + dang_at[k];
+      const int64_t nd = dang_at[k + 1] - dang_at[k];
       if (width == kTile)
-        tile<I, kTile>(indptr, indices, n, r, Q, q0, cols, blocks, nb, d, tol, max_iter,
-                       inv_deg.data(), dang, w, out);
+        tile<I, kTile>(indptr, indices, lo, len, r, Q, q0, cols, blk, nbk, d, tol, max_iter,
+                       inv_deg.data(), dg, nd, w, out);
       else if (width == 4)
-        tile<I, 4>(indptr, indices, n, r, Q, q0, cols, blocks, nb, d, tol, max_iter,
-                   inv_deg.data(), dang, w, out);
+        tile<I, 4>(indptr, indices, lo, len, r, Q, q0, cols, blk, nbk, d, tol, max_iter,
+                   inv_deg.data(), dg, nd, w, out);
       else
-        tile<I, 1>(indptr, indices, n, r, Q, q0, cols, blocks, nb, d, tol, max_iter,
-                   inv_deg.data(), dang, w, out);
+        tile<I, 1>(indptr, indices, lo, len, r, Q, q0, cols, blk, nbk, d, tol, max_iter,
+                   inv_deg.data(), dg, nd, w, out);
     }
     if (w.p.capacity() > kKeepBytes / sizeof(double)) w = Work();
   }
