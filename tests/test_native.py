@@ -199,6 +199,16 @@ def test_ppr_row_split_across_threads_is_bitwise_identical(Q):
 
 
 @native
+def test_ppr_one_node_graphs():
+    for ip, ix in ((torch.tensor([0, 0]), torch.tensor([], dtype=torch.long)),
+                   (torch.tensor([0, 1]), torch.tensor([0]))):  # isolated; self-loop
+        r = torch.tensor([[2.0], [0.5]], dtype=torch.float64)
+        a = personalized_pagerank(ip, ix, r, backend="native")
+        b = personalized_pagerank(ip, ix, r, backend="torch")
+        assert torch.equal(a, b) and torch.equal(a, torch.ones(2, 1, dtype=torch.float64))
+
+
+@native
 def test_ppr_validates_graph():
     indptr = torch.tensor([0, 1, 2])
     with pytest.raises(ValueError):
