@@ -11,6 +11,8 @@ reference times per query and the ratios:
 * PPR only: ``personalized_pagerank`` on a ``[200, 2000]`` reset batch (``backend=
   "torch"`` and ``"native"``, ``csrc/cpu/ppr_cpu.cpp``) vs igraph
   ``personalized_pagerank(implementation="prpack")`` per query (the reference).
+* One row over 64 conversations (LongMemEval's shape): the native kernel at 1 thread vs
+  every thread, same run, equal bits.
 * Full read path: ``memgas_session_scores`` (router, seeds, PPR, session sums) for all
   200 queries vs ``memgas_gpu.reference.reference_session_scores`` per query. The
   issue's goal: native >= 20x faster per query than igraph-per-query (< 0.23 ms).
@@ -113,3 +115,36 @@ def test_session_scores_vs_reference(benchmark, setup, capsys):
         print(_line(f"read path x {N_SESSIONS} sessions", ours, nat, t_ref,
                     f"; same top-10 as the reference {top:.1%}"))
     assert top >= 0.99
+
+
+@pytest.mark.skipif(not NATIVE, reason="native kernels not built")
+def test_one_row_over_many_conversations_uses_every_thread(capsys):
+    """LongMemEval's shape: one question per haystack, so one PPR row spans every
+    conversation's block. The CPU kernel cuts that row into node ranges at block
+    boundaries; this times 1 thread against all of ``torch.get_num_threads()`` (at
+    least 2) in the same run, on 64 haystacks x 500 sessions, and checks equal bits."""
+    from memgas_gpu.bench.data import make_haystacks
+
+    h = make_haystacks(64, N_SESSIONS, dim=DIM)
+    indptr, indices = build_association_graph(h.node_emb, h.session_of_node,
+                                              conversation_of_node=h.conv_of_node)
+    gen = torch.Generator().manual_seed(0)
+    reset = torch.zeros(1, h.n_nodes, dtype=torch.float64)
+    reset[0, torch.randint(0, h.n_nodes, (64 * 15,), generator=gen)] = torch.rand(
+        64 * 15, generator=gen, dtype=torch.float64)
+    run = lambda: personalized_pagerank(indptr, indices, reset, blocks=h.conv_of_node,  # noqa: E731
+                                        backend="native")
+    many = max(2, torch.get_num_threads())
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        t1, out1 = _best(run), run()
+        torch.set_num_threads(many)
+        tn, outn = _best(run), run()
+    finally:
+        torch.set_num_threads(old)
+    with capsys.disabled():
+        print(f"\n[bench_ppr] one row over 64 conversations ({h.n_nodes} nodes, "
+              f"{int(indices.numel()) // 2} edges): 1 thread {t1 * 1e3:.1f} ms, {many} threads "
+              f"{tn * 1e3:.1f} ms; speed-up {t1 / tn:.2f}x")
+    assert torch.equal(out1, outn)
