@@ -288,3 +288,10 @@ def test_cli_conversation_selection(tmp_path, locomo_list_path):
     r = CliRunner().invoke(cli, ["eval", str(locomo_list_path), "--method", "bm25",
                                  "--conversations", "conv-3"])
     assert r.exit_code == 2 and "no conversation 'conv-3'" in r.output
+    r = CliRunner().invoke(cli, ["stats", str(locomo_list_path), "--json",
+                                 "--exclude-conversations", "conv-26"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{"):])
+    full = load_dataset(locomo_list_path)
+    assert out["conversations"] == 2
+    assert out["questions"] == len(full.questions) - len(full.get("conv-26").questions)
