@@ -29,6 +29,8 @@ GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "
 #: signal-set aliases besides ``all``, ``lexical``, ``dense``, ``default``: ``extractive``
 #: (:data:`~memgas_gpu.retrieve.hybrid.EXTRACTIVE_SIGNALS`)
 _BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
+#: conversations up to which the leave-one-out picks are printed one per line
+MAX_LOO_LINES = 12
 #: the plain BM25 baseline row: session text, ``bm25s``'s tokenizer defaults (needs DATA)
 PLAIN_BM25 = "bm25 (bm25s defaults)"
 
@@ -309,11 +311,24 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
     if g:
         click.echo("rank 1 against the best baseline, per question type (%):")
         click.echo(format_gains(g))
-    if loo:
+    n_settings = sum(not r["settings"].get("baseline") for r in rows)
+    if loo and n_settings > 1:
         click.echo(f"leave-one-conversation-out {by}: {100 * loo[by]:.2f}")
-        for c, v in loo["by_conversation"].items():
-            click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
-                       f"{100 * v['train']:.2f}) with {v['settings']}")
+        per = loo["by_conversation"]
+        if len(per) <= MAX_LOO_LINES:
+            for c, v in per.items():
+                click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
+                           f"{100 * v['train']:.2f}) with {v['settings']}")
+        else:
+            click.echo(f"  ({len(per)} conversations: per-conversation picks in the JSON)")
+    elif loo:
+        click.echo("per conversation (one setting, so leave-one-out has nothing to pick):")
+        per = loo["by_conversation"]
+        if len(per) <= MAX_LOO_LINES:
+            for c, v in per.items():
+                click.echo(f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")
+        else:
+            click.echo(f"  ({len(per)} conversations: see the JSON)")
     if out:
         head, table = _flat(rows, ks)
         buf = io.StringIO()
