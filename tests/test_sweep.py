@@ -124,3 +124,14 @@ def test_sweep_plain_bm25_baseline_equals_bm25s(locomo_list_path, tmp_path):
     for k in (1, 3):
         want = float(ref[f"recall_all@{k}"][scored].mean())
         assert plain[f"recall_all@{k}"] == pytest.approx(want)
+
+
+def test_sweep_one_question_per_conversation_keeps_output_short(lme_sample_path, tmp_path):
+    out = tmp_path / "lme"
+    res = CliRunner().invoke(cli, ["sweep", str(lme_sample_path), "--grid", "temperature=1,2",
+                                   "--device", "cpu", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "(40 conversations: per-conversation picks in the JSON)" in res.output
+    assert "locomo26_q0:" not in res.output
+    loo = json.loads(out.with_suffix(".json").read_text())["leave_one_out"]
+    assert len(loo["by_conversation"]) == 40
