@@ -5,8 +5,8 @@
 
 Synthetic conversation: 500 sessions x 4 granularities = 2,000 nodes, d = 384, with
 its association graph built by ``build_association_graph``; 200 queries near random
-nodes. Three comparisons, each printed as one summary line (the first and last with torch, native and
-reference times per query and the ratios):
+nodes. Three comparisons, each printed as one summary line (the first and last with
+torch, native and reference times per query and the ratios):
 
 * PPR only: ``personalized_pagerank`` on a ``[200, 2000]`` reset batch (``backend=
   "torch"`` and ``"native"``, ``csrc/cpu/ppr_cpu.cpp``) vs igraph

@@ -131,7 +131,7 @@ def test_sweep_one_question_per_conversation_keeps_output_short(lme_sample_path,
     res = CliRunner().invoke(cli, ["sweep", str(lme_sample_path), "--grid", "temperature=1,2",
                                    "--device", "cpu", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "(40 conversations: per-conversation picks in the JSON)" in res.output
+    assert "(40 conversations: per-conversation results in the JSON)" in res.output
     assert "locomo26_q0:" not in res.output
     loo = json.loads(out.with_suffix(".json").read_text())["leave_one_out"]
     assert len(loo["by_conversation"]) == 40

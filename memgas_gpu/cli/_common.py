@@ -98,12 +98,14 @@ def ray_or_exit(address):
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
                 summaries, keywords, store, m, skip_sessions, no_hybrid, device,
                 ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
-                exclude_conversations=None):
-    """Load DATA and build a MemoryIndex with the CLI's options."""
+                exclude_conversations=None, dataset=None):
+    """Load DATA (unless ``dataset`` is already loaded from it) and build a MemoryIndex
+    with the CLI's options."""
     from ..encode import EmbeddingStore, Encoder
     from ..retrieve import MemoryIndex
 
-    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
+    ds = dataset if dataset is not None else load(data, fmt, empty_sessions, user_only,
+                                                  conversations, exclude_conversations)
     if ray_address:
         ray_or_exit(ray_address)
         from ..distributed import build_index_ray

@@ -5,26 +5,18 @@ import json
 
 import click
 
-from ..data import FORMATS
 from ..stats import dataset_stats
-from ._common import _id_list, load
+from ._common import dataset_options, load
 
 
 @click.command("stats")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--format", "fmt", type=click.Choice(("auto",) + FORMATS), default="auto",
-              show_default=True, help="Input format.")
-@click.option("--empty-sessions", type=click.Choice(("error", "keep", "drop")),
-              default="error", show_default=True, help="What to do with empty sessions.")
-@click.option("--conversations", default=None, metavar="IDS", callback=_id_list,
-              help="Count only these conversation ids (comma-separated).")
-@click.option("--exclude-conversations", default=None, metavar="IDS", callback=_id_list,
-              help="Leave out these conversation ids (comma-separated).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def stats(path: str, fmt: str, empty_sessions: str, conversations, exclude_conversations,
-          as_json: bool) -> None:
+@dataset_options
+def stats(path: str, as_json: bool, fmt: str, empty_sessions: str, user_only: bool,
+          conversations, exclude_conversations) -> None:
     """Print conversations, sessions, turns, tokens and questions of a dataset."""
-    ds = load(path, fmt, empty_sessions, False, conversations, exclude_conversations)
+    ds = load(path, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     st = dataset_stats(ds)
     if as_json:
         click.echo(json.dumps({"path": path, "format": ds.format, **st.as_dict()}, indent=2))

@@ -124,31 +124,34 @@ def run_sweep(index, grid: dict, ks=(3, 5, 10), device: Optional[str] = None, da
                 **{f"recall_all@{k}": float(pq[f"recall_all@{k}"][m].mean()) for k in ks}}
         results.append(row)
 
-    for bvals in itertools.product(*(grid[k] for k in bm25_axes)):
-        bset = dict(zip(bm25_axes, bvals))
-        if "stopwords" in bset:
-            if dataset is None:
-                raise click.UsageError("a stopwords grid needs DATA (a dataset), not an index")
-            from ..lexical import Tokenizer
+    try:
+        for bvals in itertools.product(*(grid[k] for k in bm25_axes)):
+            bset = dict(zip(bm25_axes, bvals))
+            if "stopwords" in bset:
+                if dataset is None:
+                    raise click.UsageError("a stopwords grid needs DATA (a dataset), "
+                                           "not an index")
+                from ..lexical import Tokenizer
 
-            index.lexical = relex(index, dataset, expansion,
-                                  Tokenizer(stopwords=bset["stopwords"]))
-        bp = {k: v for k, v in bset.items() if k != "stopwords"}
-        X = hybrid_signals(index, qi, SIGNALS, rows, valid, dev, **bp)
-        if baselines:
-            for j, name in enumerate(SIGNALS):
-                record({**bset, "signals": name, "baseline": True},
-                       _metrics(index, qi, X[:, j], valid, n, ks))
-        for fvals in itertools.product(*(grid[k] for k in fuse_axes)):
-            fset = dict(zip(fuse_axes, fvals))
-            p = resolve_signals(index, HybridParams(**{**fset, **bp}))
-            cols = [SIGNALS.index(s) for s in p.signals]
-            scores = fuse(index, X[:, cols], valid, conv, start, p, _graph(index, p, dev))
-            settings = {**bset, **fset}
-            if "signals" in settings:
-                settings["signals"] = "+".join(p.signals)
-            record(settings, _metrics(index, qi, scores, valid, n, ks))
-    index.lexical = own_lexical
+                index.lexical = relex(index, dataset, expansion,
+                                      Tokenizer(stopwords=bset["stopwords"]))
+            bp = {k: v for k, v in bset.items() if k != "stopwords"}
+            X = hybrid_signals(index, qi, SIGNALS, rows, valid, dev, **bp)
+            if baselines:
+                for j, name in enumerate(SIGNALS):
+                    record({**bset, "signals": name, "baseline": True},
+                           _metrics(index, qi, X[:, j], valid, n, ks))
+            for fvals in itertools.product(*(grid[k] for k in fuse_axes)):
+                fset = dict(zip(fuse_axes, fvals))
+                p = resolve_signals(index, HybridParams(**{**fset, **bp}))
+                cols = [SIGNALS.index(s) for s in p.signals]
+                scores = fuse(index, X[:, cols], valid, conv, start, p, _graph(index, p, dev))
+                settings = {**bset, **fset}
+                if "signals" in settings:
+                    settings["signals"] = "+".join(p.signals)
+                record(settings, _metrics(index, qi, scores, valid, n, ks))
+    finally:
+        index.lexical = own_lexical
     if baselines and dataset is not None:
         # the issue's plain baseline: BM25 over session text with bm25s's own tokenizer
         # defaults (Lucene stopwords, Snowball stemming), k1 1.5, b 0.75
@@ -169,11 +172,7 @@ def relex(index, dataset, expansion, tokenizer):
     (same sessions in the same slots, same summaries and keywords, same questions)."""
     from ..lexical import build_lexical
 
-    dist: dict = {}
-    for c in dataset:
-        for s in c.sessions:
-            dist.setdefault(s.key, s)
-    return build_lexical(dataset, expansion, list(dist.values()),
+    return build_lexical(dataset, expansion, dataset.distinct_sessions(),
                          [q.text for q in index.questions], tokenizer)
 
 
@@ -293,15 +292,14 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
 
         idx = MemoryIndex.load(src)
     else:
-        idx = build_index(source, **opts)
-        if "stopwords" in grid or baselines:
+        if "stopwords" in grid or baselines:  # the raw texts are needed to re-tokenise
             from ..expand import expand_dataset
 
             dataset = load(source, opts["fmt"], opts["empty_sessions"], opts["user_only"],
-                           opts["conversations"], opts["exclude_conversations"],
-                           progress=False)
+                           opts["conversations"], opts["exclude_conversations"])
             expansion = expand_dataset(dataset, summaries=opts["summaries"],
                                        keywords=opts["keywords"])
+        idx = build_index(source, dataset=dataset, **opts)
     rows = rank(run_sweep(idx, grid, ks, opts.get("device"), dataset, expansion, baselines),
                 by, ks)
     loo = leave_one_out(rows, by) if idx.n_conversations > 1 else {}
@@ -311,24 +309,17 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
     if g:
         click.echo("rank 1 against the best baseline, per question type (%):")
         click.echo(format_gains(g))
-    n_settings = sum(not r["settings"].get("baseline") for r in rows)
-    if loo and n_settings > 1:
-        click.echo(f"leave-one-conversation-out {by}: {100 * loo[by]:.2f}")
+    if loo:
+        picks = sum(not r["settings"].get("baseline") for r in rows) > 1
         per = loo["by_conversation"]
-        if len(per) <= MAX_LOO_LINES:
-            for c, v in per.items():
-                click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
-                           f"{100 * v['train']:.2f}) with {v['settings']}")
-        else:
-            click.echo(f"  ({len(per)} conversations: per-conversation picks in the JSON)")
-    elif loo:
-        click.echo("per conversation (one setting, so leave-one-out has nothing to pick):")
-        per = loo["by_conversation"]
-        if len(per) <= MAX_LOO_LINES:
-            for c, v in per.items():
-                click.echo(f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")
-        else:
-            click.echo(f"  ({len(per)} conversations: see the JSON)")
+        click.echo(f"leave-one-conversation-out {by}: {100 * loo[by]:.2f}" if picks else
+                   "per conversation (one setting, so leave-one-out has nothing to pick):")
+        if len(per) > MAX_LOO_LINES:
+            click.echo(f"  ({len(per)} conversations: per-conversation results in the JSON)")
+        for c, v in per.items() if len(per) <= MAX_LOO_LINES else ():
+            click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
+                       f"{100 * v['train']:.2f}) with {v['settings']}" if picks else
+                       f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")
     if out:
         head, table = _flat(rows, ks)
         buf = io.StringIO()
