@@ -32,7 +32,7 @@ for _ in range(3):  # a bare GPU machine may lack the I/O extras the package imp
         sys.modules[exc.name] = stub
 from memgas_gpu import _native  # noqa: E402
 from memgas_gpu.ops import (build_association_graph, gmm1d_accept,  # noqa: E402
-                            memgas_session_scores_packed, personalized_pagerank)
+                            personalized_pagerank)
 
 ROWS = []  # (step, value, target, ok)
 
@@ -147,8 +147,13 @@ def check_speed(dev: torch.device, dry: bool, g: torch.Generator, C: int, S: int
     qconv = torch.arange(Q, device=dev)
     qe = torch.nn.functional.normalize(E[qconv * 4 * S + 4 * (S // 2)]
                                        + 0.1 * torch.randn(Q, d, device=dev), dim=1)
+    from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
+    from memgas_gpu.retrieve.engine import score
+
+    idx = MemoryIndex.from_nodes(E, [S] * C, (indptr, indices))
+
     def run():
-        return memgas_session_scores_packed(qe, qconv, E, s, gran, conv, indptr, indices)
+        return score(idx, QueryBatch(qe, qconv), PRESETS["memgas"], str(dev))
 
     t = timed(run, dev)
     report("read path (route + seeds + PPR + sessions)",

@@ -54,7 +54,7 @@ def test_shared_sessions_expanded_once(lme_sample_path):
     assert calls == [("summary", 19), ("keywords", 19)]
     for c in ds:
         assert e.summaries[c.id] == [f"summary:{s.id}" for s in c.sessions]
-    assert e.hybrid(ds[0])[0] == (f"summary:{ds[0].sessions[0].id} "
+    assert e.concat(ds[0])[0] == (f"summary:{ds[0].sessions[0].id} "
                                   f"keywords:{ds[0].sessions[0].id} {ds[0].sessions[0].text}")
 
 

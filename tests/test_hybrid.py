@@ -8,7 +8,9 @@ import torch
 from memgas_gpu.eval import evaluate
 from memgas_gpu.lexical import BM25Params, lexical_signals
 from memgas_gpu.retrieve import METHODS, retrieve
-from memgas_gpu.retrieve.hybrid import SIGNALS, HybridParams, _normalise, lexical_graph
+from memgas_gpu.ops import normalise_signals as _normalise
+from memgas_gpu.retrieve import SIGNALS
+from memgas_gpu.retrieve.graphs import lexical_graph
 
 pytest.importorskip("Stemmer")
 
@@ -54,7 +56,7 @@ def test_signal_alone_ranks_like_the_raw_signal(locomo_index):
     _, idx = locomo_index
     raw = lexical_signals(idx, names=("bm25_U",), params=BM25Params(), device="cpu")["bm25_U"]
     r = retrieve(idx, method="memgas_hybrid", device="cpu",
-                 params=HybridParams(signals=("bm25_U",), fusion="sum", router="uniform"))
+                 signals=("bm25_U",), fusion="sum", router="uniform")
     top = r.rankings[:, 0]
     best = raw.gather(1, top[:, None]).squeeze(1)
     assert torch.allclose(best, raw.max(1).values)
@@ -76,19 +78,19 @@ def test_every_signal_and_fusion_runs(locomo_index):
     _, idx = locomo_index
     for s in SIGNALS:
         r = retrieve(idx, method="memgas_hybrid", device="cpu",
-                     params=HybridParams(signals=(s,), fusion="sum"))
+                     signals=(s,), fusion="sum")
         assert torch.isfinite(r.scores[0, :19]).all()
     for fusion in ("ppr", "seeds", "sum", "rrf"):
         for graph in ("dense", "lexical", "both", "none"):
             if fusion != "ppr" and graph != "dense":
                 continue
             r = retrieve(idx, questions=range(10), method="memgas_hybrid", device="cpu",
-                         params=HybridParams(fusion=fusion, graph=graph, norm="max"))
+                         fusion=fusion, graph=graph, norm="max")
             assert (r.rankings[:, :19] >= 0).all()
     with pytest.raises(ValueError, match="unknown signal"):
-        retrieve(idx, method="memgas_hybrid", params=HybridParams(signals=("bm25_X",)))
+        retrieve(idx, method="memgas_hybrid", signals=("bm25_X",))
     with pytest.raises(ValueError, match="fusion must be one of"):
-        retrieve(idx, method="memgas_hybrid", params=HybridParams(fusion="magic"))
+        retrieve(idx, method="memgas_hybrid", fusion="magic")
 
 
 def test_lexical_graph_is_symmetric_block_diagonal(locomo_index):
@@ -135,12 +137,12 @@ def test_index_without_lexical_data_says_so(locomo_index):
     _, idx = locomo_index
     bare = MemoryIndex(conversations=idx.conversations, questions=idx.questions,
                        conv_offsets=idx.conv_offsets, row_slot=idx.row_slot, gran=idx.gran,
-                       hybrid=None, q_emb=idx.q_emb, q_conv=idx.q_conv, graphs=idx.graphs,
+                       concat=None, q_emb=idx.q_emb, q_conv=idx.q_conv, graphs=idx.graphs,
                        params=idx.params, config={})
     with pytest.raises(ValueError, match="lexical=True"):
         retrieve(bare, method="bm25")
     with pytest.raises(ValueError, match="keep_turns=True"):
-        retrieve(bare, method="memgas_hybrid", params=HybridParams(signals=("dense_Tmax",)))
+        retrieve(bare, method="memgas_hybrid", signals=("dense_Tmax",))
 
 
 def test_add_session_extends_lexical_and_turns(locomo_list_path, minilm):
@@ -166,26 +168,30 @@ def test_add_session_extends_lexical_and_turns(locomo_list_path, minilm):
 
 
 def test_extractive_summaries_drop_the_summary_signals(locomo_index):
-    """With extractive (offline) summaries the default signal set leaves U out."""
+    """signals="auto": with extractive (offline) summaries the set leaves U out, by a rule
+    that the Retrieval records; named signals are used as given."""
     import copy
 
-    from memgas_gpu.retrieve.hybrid import (DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS,
-                                            extractive_summaries, resolve_signals)
+    from memgas_gpu.retrieve import DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS
+    from memgas_gpu.retrieve.engine import auto_signals, resolve
 
     _, idx = locomo_index
-    assert not extractive_summaries(idx)  # LoCoMo's own summaries
-    assert resolve_signals(idx, HybridParams()).signals == DEFAULT_SIGNALS
+    assert auto_signals(idx)[0] == DEFAULT_SIGNALS  # LoCoMo's own summaries
+    assert resolve(idx, "memgas_hybrid")[0].signals == DEFAULT_SIGNALS
     off = copy.copy(idx)
     off.config = {**idx.config, "expansion": {**idx.config["expansion"],
                                              "summaries": {"name": "offline",
                                                            "method": "offline"}}}
-    assert extractive_summaries(off)
-    assert resolve_signals(off, HybridParams()).signals == EXTRACTIVE_SIGNALS
-    assert resolve_signals(off, HybridParams(auto_signals=False)).signals == DEFAULT_SIGNALS
+    assert auto_signals(off)[0] == EXTRACTIVE_SIGNALS
+    p, info = resolve(off, "memgas_hybrid")
+    assert p.signals == EXTRACTIVE_SIGNALS and "extractive" in info["reason"]
     mine = ("bm25_S", "dense_U")
-    assert resolve_signals(off, HybridParams(signals=mine)).signals == mine
+    assert resolve(off, "memgas_hybrid", signals=mine)[0].signals == mine
     q = range(20)
     a = retrieve(off, questions=q, method="memgas_hybrid", device="cpu")
+    assert a.params["signals"] == "+".join(EXTRACTIVE_SIGNALS)
+    assert a.params["signals_rule"]["signals"] == "auto"
     b = retrieve(idx, questions=q, method="memgas_hybrid", device="cpu",
-                 params=HybridParams(signals=EXTRACTIVE_SIGNALS))
+                 signals=EXTRACTIVE_SIGNALS)
+    assert "signals_rule" not in b.params
     torch.testing.assert_close(a.scores, b.scores)

@@ -16,7 +16,7 @@ import torch
 
 from memgas_gpu import _native, backend
 from memgas_gpu.ops import (association_edges, build_association_graph, gmm1d_accept,
-                            memgas_session_scores, memgas_session_scores_packed,
+                            memgas_session_scores,
                             personalized_pagerank, symmetric_csr)
 
 from _synth import conversation, gmm_rows, torch_single_thread  # noqa: F401
@@ -251,8 +251,12 @@ def test_read_path_matches_torch():
     assert (a - b).abs().max() <= 1e-12
     conv = torch.zeros(len(E), dtype=torch.int64)
     qc = torch.zeros(len(q), dtype=torch.int64)
-    pa, _ = memgas_session_scores_packed(q, qc, E, s, gr, conv, indptr, indices, backend="torch")
-    pb, _ = memgas_session_scores_packed(q, qc, E, s, gr, conv, indptr, indices, backend="native")
+    from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
+    from memgas_gpu.retrieve.engine import score
+
+    idx = MemoryIndex.from_nodes(E, [60], (indptr, indices))
+    pa, _ = score(idx, QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="torch")
+    pb, _ = score(idx, QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="native")
     assert (pa - pb).abs().max() <= 1e-12
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memgas_gpu.ops import (build_association_graph, memgas_session_scores,
-                            memgas_session_scores_packed, seed_scores)
+                            seed_scores)
 
 from _synth import conversation, torch_single_thread  # noqa: F401
 
@@ -97,11 +97,28 @@ def _packed_case():
     return convs, graphs, E, s, g, cid, indptr, indices, qconv, Q
 
 
+def packed_scores(Q, qconv, E, sizes, graph, device="cpu", **kw):
+    """The engine's memgas preset over packed conversations (``kw``: the op's ablation
+    flags, mapped onto settings)."""
+    from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
+    from memgas_gpu.retrieve.engine import resolve, score
+
+    settings = {"alpha": kw.get("alpha")}
+    if kw.get("use_ppr") is False:
+        settings["fusion"] = "seeds"
+    if kw.get("use_router") is False:
+        settings["router"] = "uniform"
+    idx = MemoryIndex.from_nodes(E, sizes, graph)
+    p, _ = resolve(idx, "memgas", **settings)
+    scores, n = score(idx, QueryBatch(Q, qconv), p, device)
+    valid = torch.arange(scores.shape[1])[None, :] < n[:, None]
+    return scores.masked_fill(~valid.to(scores.device), 0.0), valid
+
+
 @pytest.mark.parametrize("kw", [{}, {"use_ppr": False}, {"use_router": False, "alpha": 5}])
 def test_packed_equals_per_conversation(kw):
     convs, graphs, E, s, g, cid, indptr, indices, qconv, Q = _packed_case()
-    scores, valid = memgas_session_scores_packed(Q, qconv, E, s, g, cid, indptr, indices,
-                                                 max_elements=5000, **kw)
+    scores, valid = packed_scores(Q, qconv, E, [12, 7, 20], (indptr, indices), **kw)
     assert scores.shape == valid.shape == (len(Q), 20)
     for i, c in enumerate(qconv.tolist()):
         E_c, s_c, g_c = convs[c]
@@ -116,9 +133,9 @@ def test_packed_equals_per_conversation(kw):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_packed_cuda_matches_cpu():
     convs, graphs, E, s, g, cid, indptr, indices, qconv, Q = _packed_case()
-    cpu = memgas_session_scores_packed(Q, qconv, E, s, g, cid, indptr, indices)[0]
-    cuda = memgas_session_scores_packed(Q.cuda(), qconv.cuda(), E.cuda(), s.cuda(), g.cuda(),
-                                        cid.cuda(), indptr.cuda(), indices.cuda())[0]
+    cpu = packed_scores(Q, qconv, E, [12, 7, 20], (indptr, indices))[0]
+    cuda = packed_scores(Q.cuda(), qconv.cuda(), E.cuda(), [12, 7, 20],
+                         (indptr.cuda(), indices.cuda()), device="cuda")[0]
     torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=1e-6)
 
 

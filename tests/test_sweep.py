@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from memgas_gpu.cli.main import cli
-from memgas_gpu.cli.sweep import leave_one_out, parse_grid, rank, run_sweep
+from memgas_gpu.cli.sweep import parse_grid
+from memgas_gpu.eval.sweep import leave_one_out, rank, run_sweep
 
 pytest.importorskip("Stemmer")
 
@@ -63,14 +64,13 @@ def test_sweep_cli_writes_ranked_table_csv_json(locomo_index, tmp_path):
 def test_run_sweep_reuses_signals_and_matches_retrieve(locomo_index):
     from memgas_gpu.eval import evaluate
     from memgas_gpu.retrieve import retrieve
-    from memgas_gpu.retrieve.hybrid import HybridParams
 
     _, idx = locomo_index
     rows = run_sweep(idx, {"fusion": ["ppr", "sum"], "temperature": [1.0]}, device="cpu")
     assert len(rows) == 2
     for row in rows:
-        p = HybridParams(fusion=row["settings"]["fusion"])
-        ev = evaluate(idx, retrieve(idx, method="memgas_hybrid", params=p, device="cpu"))
+        ev = evaluate(idx, retrieve(idx, method="memgas_hybrid", device="cpu",
+                                    fusion=row["settings"]["fusion"]))
         assert row["recall_all@3"] == pytest.approx(ev.summary["all"]["recall_all@3"])
 
 

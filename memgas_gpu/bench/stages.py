@@ -5,7 +5,7 @@
   scikit-learn ``GaussianMixture`` per node, :mod:`memgas_gpu.reference`), timed on an
   evenly spaced node subsample of one haystack and extrapolated (every haystack has
   the same shape, and a per-question loop is linear in haystacks);
-* read path (routing + PPR + ranking): :func:`memgas_session_scores_packed` and an
+* read path (routing + PPR + ranking): the engine's ``memgas`` preset and an
   ``argsort`` for all questions at once (throughput), and
   :func:`memgas_session_scores` for one question against its own haystack (latency
   p50/p99), vs :func:`memgas_gpu.reference.reference_session_scores` (numpy router,
@@ -75,14 +75,18 @@ def graph_runner(h: Haystacks) -> Callable[[], tuple]:
 def query_runner(h: Haystacks, graph: tuple, q: torch.Tensor, qconv: torch.Tensor
                  ) -> Callable[[], torch.Tensor]:
     """``f()`` -> ``[Q, N]`` rankings: routing + PPR + ranking of every question at once."""
+    from ..retrieve import MemoryIndex, PRESETS, QueryBatch
+    from ..retrieve.engine import score
+
     dev = h.node_emb.device
-    indptr, indices = graph[0].to(dev), graph[1].to(dev)
+    idx = MemoryIndex.from_nodes(h.node_emb, [h.n_sessions] * h.n_conv,
+                                 (graph[0].to(dev), graph[1].to(dev)))
+    batch = QueryBatch(q, qconv)
+    p = PRESETS["memgas"]
 
     def run():
-        sc, ok = ops.memgas_session_scores_packed(q, qconv, h.node_emb, h.session_of_node,
-                                                  h.gran_of_node, h.conv_of_node, indptr,
-                                                  indices, n_gran=N_GRAN)
-        return torch.argsort(sc.masked_fill(~ok, float("-inf")), dim=1, descending=True)
+        sc, n = score(idx, batch, p, str(dev))
+        return ops.rank_sessions(sc, n)
 
     return run
 

@@ -121,7 +121,7 @@ def make_index(n_conv: int, n_sessions: int, dim: int, degree: int = 20, seed: i
         conversations=convs, questions=qs,
         conv_offsets=torch.arange(0, rows + 1, n_sessions, dtype=torch.long),
         row_slot=torch.arange(rows), gran=torch.randn(rows, 4, dim, generator=g),
-        hybrid=torch.randn(rows, dim, generator=g), q_emb=torch.randn(n_conv, dim, generator=g),
+        concat=torch.randn(rows, dim, generator=g), q_emb=torch.randn(n_conv, dim, generator=g),
         q_conv=torch.arange(n_conv), graphs={"gmm": (indptr, indices)}, params=GraphParams(),
         config={"encoder": {"model": "random"}})
 
@@ -139,7 +139,7 @@ def _touch(tensors) -> None:
 
 
 def _index_tensors(idx) -> list:
-    return [idx.conv_offsets, idx.row_slot, idx.gran, idx.hybrid, idx.q_emb, idx.q_conv,
+    return [idx.conv_offsets, idx.row_slot, idx.gran, idx.concat, idx.q_emb, idx.q_conv,
             *[x for g in idx.graphs.values() for x in g]]
 
 
@@ -198,7 +198,7 @@ def index_point(path: str, enc, *, device=None, ref_questions: int = 4,
     with PeakMemory(device or enc.device) as peak:
         ds = load_dataset(path)
         t_load = time.perf_counter() - t0
-        idx = MemoryIndex.build(ds, enc, device=dev, hybrid=False, progress=False)
+        idx = MemoryIndex.build(ds, enc, device=dev, concat=False, progress=False)
         t1 = time.perf_counter()
         idx.retrieve(method="memgas", device=dev)
         sync(dev)

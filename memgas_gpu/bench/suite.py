@@ -31,7 +31,7 @@ from .timing import Deadline
 
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
-STAGES = ("graph", "query", "bm25", "encode", "io", "index")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class SuiteScale:
     index_ref_questions: int
     index_full_haystacks: Optional[int] = None
     doc_len: int = 200  # BM25 terms per session
+    search_sessions: int = 500  # sessions of the conversation of the online search point
 
 
 SCALES = {
@@ -64,7 +65,8 @@ SCALES = {
                        rounds=2, encoder="tiny", encode_texts=24, text_shape=(4, 20),
                        io_shape=(4, 20), index_shape=dict(questions=2, sessions=8, turns=4,
                                                           words=15),
-                       index_encoder="tiny", index_ref_questions=1, doc_len=30),
+                       index_encoder="tiny", index_ref_questions=1, doc_len=30,
+                       search_sessions=20),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -163,7 +165,7 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io",), cfg, dev, stages, reference, deadline, res, tmp, log)
+            _headlines(("io", "search"), cfg, dev, stages, reference, deadline, res, tmp, log)
     finally:
         torch.set_num_threads(old_threads)
     res.meta["seconds"] = deadline.elapsed
@@ -244,6 +246,12 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
         elif stage == "io":
             recs = io_point(*cfg.io_shape, cfg.dim, tmp, rounds=cfg.rounds,
                             reference=reference, log=log)
+        elif stage == "search":
+            from .stages_online import search_point
+
+            enc = make_encoder(cfg.encoder, dev, tmp)
+            recs = search_point(enc, cfg.search_sessions, calls=cfg.latency_calls, log=log)
+            del enc
         else:
             from ..synth import write_synthetic
 

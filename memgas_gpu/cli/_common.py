@@ -69,7 +69,8 @@ def build_options(f):
                   help="Candidates per node for the GMM association test.")
     @click.option("--skip-sessions", type=click.IntRange(0), default=5, show_default=True,
                   help="The first sessions get no outgoing edges.")
-    @click.option("--no-hybrid", is_flag=True, help="Skip the hybrid-text baseline embeddings.")
+    @click.option("--no-concat", is_flag=True,
+                  help="Skip the embeddings of the concat baseline (summary + keywords + text).")
     @click.option("--device", default=None, help="cpu, cuda, cuda:1 … [default: auto].")
     @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
                   metavar="[ADDRESS]",
@@ -96,7 +97,7 @@ def ray_or_exit(address):
 
 
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
-                summaries, keywords, store, m, skip_sessions, no_hybrid, device,
+                summaries, keywords, store, m, skip_sessions, no_concat, device,
                 ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
                 exclude_conversations=None, dataset=None):
     """Load DATA (unless ``dataset`` is already loaded from it) and build a MemoryIndex
@@ -117,7 +118,7 @@ def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_leng
                    err=True)
         return build_index_ray(ds, kwargs, num_workers=workers, num_gpus=gpus_per_worker,
                                store_dir=store, summaries=summaries, keywords=keywords, m=m,
-                               skip_sessions=skip_sessions, hybrid=not no_hybrid,
+                               skip_sessions=skip_sessions, concat=not no_concat,
                                device=device, progress=True)
     enc = Encoder(encoder, pooling=pooling, max_length=max_length, device=device)
     st = EmbeddingStore(store, enc.fingerprint) if store else None
@@ -125,5 +126,16 @@ def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_leng
                f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
                f"on {enc.device}", err=True)
     return MemoryIndex.build(ds, enc, summaries=summaries, keywords=keywords, store=st,
-                             m=m, skip_sessions=skip_sessions, hybrid=not no_hybrid,
+                             m=m, skip_sessions=skip_sessions, concat=not no_concat,
                              device=device, progress=True)
+
+
+def parse_ks(value: str) -> tuple:
+    """``"1,3,5"`` → ``(1, 3, 5)`` (sorted, distinct, positive)."""
+    try:
+        ks = tuple(sorted({int(x) for x in value.split(",") if x.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}")
+    if not ks or ks[0] < 1:
+        raise click.BadParameter("cut-offs must be positive integers")
+    return ks

@@ -7,23 +7,13 @@ from pathlib import Path
 import click
 
 from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options, ray_or_exit
+from ._common import build_index, build_options, dataset_options, parse_ks, ray_or_exit
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
 METHODS = ("memgas", "no_gmm", "no_ppr", "no_router", "no_association", "session", "turn",
-           "summary", "keyword", "hybrid", "bm25", "memgas_hybrid")
+           "summary", "keyword", "concat", "bm25", "memgas_hybrid")
 KS = (1, 3, 5, 10, 30, 50)
-
-
-def _ks(value: str):
-    try:
-        ks = tuple(sorted({int(x) for x in value.split(",") if x.strip()}))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}")
-    if not ks or ks[0] < 1:
-        raise click.BadParameter("cut-offs must be positive integers")
-    return ks
 
 
 @click.command("eval")
@@ -31,14 +21,18 @@ def _ks(value: str):
 @click.option("--method", "methods", multiple=True, default=("memgas",), show_default=True,
               type=click.Choice(METHODS + ("all",)),
               help="Retrieval method (repeat for several; 'all' for every one).")
-@click.option("--router", type=click.Choice(("inverse", "one_minus")), default="inverse",
-              show_default=True, help="Router weights: paper's 1/H or the authors' code's 1-H.")
-@click.option("--temperature", type=float, default=0.2, show_default=True,
-              help="Router softmax temperature λ.")
-@click.option("--alpha", type=click.IntRange(1), default=15, show_default=True,
-              help="Seed nodes kept for PageRank.")
-@click.option("--damping", type=click.FloatRange(0, 1), default=0.1, show_default=True,
-              help="Probability of following an edge.")
+@click.option("--router", type=click.Choice(("inverse", "one_minus", "uniform")), default=None,
+              help="Router weights: paper's 1/H, the authors' code's 1-H, or uniform "
+                   "[default: each method's preset].")
+@click.option("--temperature", type=float, default=None,
+              help="Router softmax temperature λ [default: preset; memgas 0.2].")
+@click.option("--alpha", type=int, default=None,
+              help="Seed nodes kept for PageRank [default: preset, 15].")
+@click.option("--damping", type=float, default=None,
+              help="Probability of following an edge [default: preset, 0.1].")
+@click.option("--signals", default=None,
+              help="Signals ('+'-joined names) replacing the preset's; memgas_hybrid's "
+                   "default 'auto' is chosen by a rule that is printed and recorded.")
 @click.option("--k", "ks", default=",".join(map(str, KS)), show_default=True,
               help="Metric cut-offs.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
@@ -48,13 +42,16 @@ def _ks(value: str):
               help="When SOURCE is a dataset: also save the built index here.")
 @dataset_options
 @build_options
-def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save_index,
-             **opts) -> None:
+def eval_cmd(source, methods, router, temperature, alpha, damping, signals, ks, out,
+             save_index, **opts) -> None:
     """Evaluate retrieval on an index folder (or a dataset, indexed first)."""
     from ..eval import evaluate, format_table, write_logs
-    from ..retrieve import MemoryIndex, SearchParams, retrieve
+    from ..retrieve import MemoryIndex, resolve, retrieve
 
-    ks = _ks(ks)
+    ks = parse_ks(ks)
+    settings = {"temperature": temperature, "alpha": alpha, "damping": damping,
+                "router": router, "signals": signals}
+    settings = {k: v for k, v in settings.items() if v is not None}
     src = Path(source)
     if (src / "manifest.json").exists():
         idx = MemoryIndex.load(src)
@@ -64,8 +61,9 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
             idx.save(save_index)
     if "all" in methods:
         methods = METHODS
-    params = SearchParams(temperature=temperature, alpha=alpha, damping=damping, router=router)
-    results = {}
+    for method in dict.fromkeys(methods):  # refuse bad settings before any work
+        resolve(idx, method, **settings)
+    results, used = {}, {}
     ray_address = opts.get("ray_address")
     if ray_address:
         from ..distributed import retrieve_ray
@@ -73,13 +71,15 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
         ray_or_exit(ray_address)
     for method in dict.fromkeys(methods):
         if ray_address:
-            r = retrieve_ray(idx, method=method, params=params, num_tasks=opts["workers"],
-                             device=opts.get("device"))
+            r = retrieve_ray(idx, method=method, num_tasks=opts["workers"],
+                             device=opts.get("device"), **settings)
         else:
-            r = retrieve(idx, method=method, params=params, device=opts.get("device"))
+            r = retrieve(idx, method=method, device=opts.get("device"), **settings)
         ev = evaluate(idx, r, ks=ks)
         results[method] = ev.summary
+        used[method] = r.params
         click.echo(f"\n== {method} ({len(r.question_index)} questions)")
+        click.echo(f"   {_settings(r.params)}")
         click.echo(format_table(ev, ks=[k for k in (1, 3, 5, 10) if k in ks] or ks[:3]))
         if out:
             path = Path(out)
@@ -90,6 +90,14 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
     if out:
         mpath = Path(out).with_suffix(".metrics.json")
         with atomic_write(mpath, "w", encoding="utf-8") as f:
-            json.dump({"source": str(source), "params": vars(params), "ks": list(ks),
-                       "methods": results}, f, indent=1)
+            json.dump({"source": str(source), "params": used, "ks": list(ks),
+                       "methods": results}, f, indent=1, allow_nan=False)
         click.echo(f"wrote {mpath}", err=True)
+
+
+def _settings(params: dict) -> str:
+    """One line of the settings a method ran with (and why, for auto signals)."""
+    keys = ("signals", "norm", "router", "temperature", "fusion", "alpha", "damping", "graph")
+    line = ", ".join(f"{k}={params[k]}" for k in keys if k in params)
+    rule = params.get("signals_rule")
+    return line + (f"; signals=auto: {rule['reason']}" if rule else "")

@@ -33,11 +33,13 @@ def main() -> None:  # console-script entry point
 # --- subcommands (one module each) -------------------------------------------------
 from .eval import eval_cmd  # noqa: E402
 from .index import index  # noqa: E402
+from .search import search  # noqa: E402
 from .stats import stats  # noqa: E402
 
 cli.add_command(stats)
 cli.add_command(index)
 cli.add_command(eval_cmd)
+cli.add_command(search)
 from .synth import synth  # noqa: E402
 
 cli.add_command(synth)

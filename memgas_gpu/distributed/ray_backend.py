@@ -175,9 +175,9 @@ class RayEncoder:
 def ray_graph_mapper(max_retries: int = 3):
     """A ``mapper`` for :func:`memgas_gpu.retrieve.index.build_graph`: chunks as tasks."""
     ray = require_ray()
-    from ..retrieve.index import _graph_chunk
+    from ..retrieve.index import graph_chunk
 
-    task = ray.remote(max_retries=max_retries)(_graph_chunk)
+    task = ray.remote(max_retries=max_retries)(graph_chunk)
 
     def mapper(fn, arg_lists):
         refs = [task.remote(*args) for args in arg_lists]
@@ -187,23 +187,24 @@ def ray_graph_mapper(max_retries: int = 3):
     return mapper
 
 
-def _retrieve_part(index, questions, method, params, device):
+def _retrieve_part(index, questions, method, params, device, settings):
     from ..retrieve.search import retrieve
 
-    return retrieve(index, questions, method=method, params=params, device=device)
+    return retrieve(index, questions, method=method, params=params, device=device, **settings)
 
 
 def retrieve_ray(index, method: str = "memgas", params=None, num_tasks: int = 2,
-                 device: Optional[str] = None, max_retries: int = 3):
+                 device: Optional[str] = None, max_retries: int = 3, **settings):
     """:func:`memgas_gpu.retrieve.retrieve` over question subsets run as Ray tasks.
 
     Conversations are kept whole within a task (their questions share PageRank rows).
     Returns one :class:`~memgas_gpu.retrieve.Retrieval` in question order.
     """
     ray = require_ray()
-    from ..retrieve.search import Retrieval, SearchParams
+    from ..retrieve.engine import resolve
+    from ..retrieve.search import Retrieval
 
-    params = params or SearchParams()
+    resolve(index, method, params, **settings)  # bad settings fail here, not in a task
     conv = index.q_conv.tolist()
     convs = sorted(set(conv))
     parts = [set(convs[i::num_tasks]) for i in range(max(1, num_tasks))]
@@ -215,7 +216,7 @@ def retrieve_ray(index, method: str = "memgas", params=None, num_tasks: int = 2,
     light._encoder = None
     ref_index = ray.put(light)
     task = ray.remote(max_retries=max_retries)(_retrieve_part)
-    results = ray.get([task.remote(ref_index, g, method, params, device) for g in groups])
+    results = ray.get([task.remote(ref_index, g, method, params, device, settings) for g in groups])
     n_q = len(conv)
     width = max((r.scores.shape[1] for r in results), default=0)
     scores = torch.full((n_q, width), float("-inf"), dtype=results[0].scores.dtype)

@@ -1,4 +1,5 @@
-"""The four granularities of every session: S (text), T (turns), U (summary), K (keywords)."""
+"""Summary (U) and keyword (K) texts of every session; the granularities themselves are
+defined in :mod:`memgas_gpu.granularity`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,10 +8,7 @@ from typing import Optional
 from ..data.model import Conversation, Dataset, Session
 from .sources import OfflineSource, TextSource, describe_source, resolve_source
 
-__all__ = ["GRANULARITIES", "Expansion", "expand_dataset"]
-
-#: granularity order of the interleaved graph nodes (node ``4*i + g``)
-GRANULARITIES = ("session", "turn", "summary", "keyword")
+__all__ = ["Expansion", "expand_dataset"]
 
 
 @dataclass
@@ -25,8 +23,8 @@ class Expansion:
     keywords: dict[str, list[str]] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
 
-    def hybrid(self, conv: Conversation) -> list[str]:
-        """The reference's ``hybrid`` text: ``f"{summary} {keywords} {session}"``."""
+    def concat(self, conv: Conversation) -> list[str]:
+        """``f"{summary} {keywords} {session}"`` (the reference's "hybrid" text)."""
         return [f"{u} {k} {s.text}" for s, u, k in
                 zip(conv.sessions, self.summaries[conv.id], self.keywords[conv.id])]
 

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..granularity import CODES
 from ..ops.bm25 import bm25_scores, bm25_weights
 
 __all__ = ["LEXICAL_SIGNALS", "BM25Params", "lexical_signals"]
@@ -39,17 +40,17 @@ class BM25Params:
     method: str = "lucene"
 
 
-def _layout(index, qi: Tensor):
-    conv = index.q_conv[qi]
+def _layout(index, conv: Tensor):
     sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
     n = sizes[conv]
-    return conv, n, int(n.max()) if n.numel() else 0
+    return n, int(n.max()) if n.numel() else 0
 
 
 def lexical_signals(index, questions: Optional[Tensor] = None,
                     names: Sequence[str] = LEXICAL_SIGNALS, params: Optional[BM25Params] = None,
                     device: Optional[str] = None, max_nnz: int = 1 << 24,
-                    queries=None) -> dict:
+                    queries=None, query_conversation: Optional[Tensor] = None,
+                    lexical=None) -> dict:
     """BM25 signals ``{name: [Q, N_max] float32}`` (0 where no term matches; padding
     past a conversation's end is 0 too: mask it with the session counts).
 
@@ -61,9 +62,14 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         device: where to compute (default: CUDA if available).
         max_nnz: document terms per conversation chunk.
         queries: optional :class:`~memgas_gpu.lexical.terms.TermMatrix` replacing the
-            stored question terms (row j for ``questions[j]``).
+            stored question terms (row j for ``questions[j]``, or for query j of
+            ``query_conversation``).
+        query_conversation: ``[Q]`` conversation index of each row of ``queries``, for
+            queries that are not questions of the index (``questions`` is then ignored).
+        lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
+            ``index.lexical`` (same distinct sessions, e.g. another tokenizer).
     """
-    lex = getattr(index, "lexical", None)
+    lex = lexical if lexical is not None else getattr(index, "lexical", None)
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
     bad = [n for n in names if n not in _GRAN]
@@ -71,12 +77,19 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         raise ValueError(f"unknown lexical signal(s) {bad}; choose from {LEXICAL_SIGNALS}")
     p = params or BM25Params()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    qi = (torch.arange(len(index.questions)) if questions is None
-          else torch.as_tensor(questions, dtype=torch.long))
-    conv, n, n_max = _layout(index, qi)
-    Q = qi.numel()
+    if query_conversation is not None:
+        if queries is None:
+            raise ValueError("query_conversation needs queries= (their term counts)")
+        conv = torch.as_tensor(query_conversation, dtype=torch.long).cpu()
+        qi = None
+    else:
+        qi = (torch.arange(len(index.questions)) if questions is None
+              else torch.as_tensor(questions, dtype=torch.long))
+        conv = index.q_conv[qi]
+    n, n_max = _layout(index, conv)
+    Q = conv.numel()
     out = {name: torch.zeros(Q, n_max, dtype=torch.float32, device=dev) for name in names}
-    grans = sorted({_GRAN[x] for x in names}, key="STUK".index)
+    grans = sorted({_GRAN[x] for x in names}, key=CODES.index)
     if Q == 0 or not grans:
         return out
     qmat = queries if queries is not None else lex.queries.rows(qi)

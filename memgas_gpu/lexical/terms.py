@@ -8,16 +8,15 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..granularity import CODES, expand_ranges
 from .tokenize import Tokenizer, Vocabulary
 
 __all__ = ["TermMatrix", "LexicalIndex", "LEXICAL_GRANULARITIES", "build_lexical"]
 
-#: granularities with lexical documents: S (session text), T (one document per turn),
-#: U (summary), K (keywords)
-LEXICAL_GRANULARITIES = ("S", "T", "U", "K")
-#: stopword list of an index's default tokenizer: the longer English list beat Lucene's
-#: 33 words on every BM25 signal of LoCoMo dev (docs/hybrid.md), as question words
-#: ("what", "did", "when", pronouns) otherwise match every session
+#: granularities with lexical documents (all of them): S (session text), T (one document
+#: per turn), U (summary), K (keywords)
+LEXICAL_GRANULARITIES = tuple(CODES)
+#: stopword list of an index's default tokenizer (why: docs/hybrid.md, "Tokenizer")
 INDEX_STOPWORDS = "en_plus"
 
 
@@ -49,12 +48,17 @@ class TermMatrix:
     def rows(self, which: Tensor) -> "TermMatrix":
         """The rows ``which`` (any order, repeats allowed) as a new matrix."""
         which = which.to(torch.int64)
-        start, end = self.indptr[which], self.indptr[which + 1]
-        cnt = end - start
+        cnt = self.indptr[which + 1] - self.indptr[which]
         ptr = torch.cat([torch.zeros(1, dtype=torch.int64), cnt.cumsum(0)])
-        owner = torch.repeat_interleave(torch.arange(which.numel()), cnt)
-        src = start[owner] + torch.arange(int(ptr[-1])) - ptr[:-1][owner]
+        _, src = expand_ranges(self.indptr, which)
         return TermMatrix(ptr, self.indices[src], self.tf[src])
+
+    def drop_rows(self, a: int, b: int) -> "TermMatrix":
+        """Without rows ``a..b-1``."""
+        lo, hi = int(self.indptr[a]), int(self.indptr[b])
+        return TermMatrix(torch.cat([self.indptr[:a + 1], self.indptr[b + 1:] - (hi - lo)]),
+                          torch.cat([self.indices[:lo], self.indices[hi:]]),
+                          torch.cat([self.tf[:lo], self.tf[hi:]]))
 
     def cat(self, other: "TermMatrix") -> "TermMatrix":
         return TermMatrix(torch.cat([self.indptr, other.indptr[1:] + self.indptr[-1]]),
@@ -102,23 +106,42 @@ class LexicalIndex:
             per = texts[g]
             docs[g] = TermMatrix.from_ids([vocab.encode(tok.tokens(t)) for d in per for t in d])
             ptr[g] = torch.tensor([0] + [len(d) for d in per], dtype=torch.int64).cumsum(0)
-        queries = TermMatrix.from_ids([vocab.encode(tok.tokens(q), grow=False)
-                                       for q in questions])
+        # question terms get ids even when no document has them yet: a session added
+        # later that contains them must match (as in a rebuild)
+        queries = TermMatrix.from_ids([vocab.encode(tok.tokens(q)) for q in questions])
         return cls(tok, vocab, docs, ptr, queries)
+
+    def invalidate(self) -> None:
+        """Drop everything derived from the documents (called when they change)."""
+        self.graphs.clear()
 
     def append_session(self, session, summary: str, keywords: str) -> None:
         """Add one distinct session (the next slot)."""
         tok = self.tokenizer
-        self.graphs.clear()
+        self.invalidate()
         new = {"S": [session.text], "T": list(session.turns), "U": [summary], "K": [keywords]}
         for g, texts in new.items():
             m = TermMatrix.from_ids([self.vocab.encode(tok.tokens(t)) for t in texts])
             self.docs[g] = self.docs[g].cat(m)
             self.doc_ptr[g] = torch.cat([self.doc_ptr[g], self.doc_ptr[g][-1:] + len(texts)])
 
-    def encode_queries(self, texts: Sequence[str]) -> TermMatrix:
-        """Term counts of new query texts (terms unknown to the index are dropped)."""
-        return TermMatrix.from_ids([self.vocab.encode(self.tokenizer.tokens(t), grow=False)
+    def remove_slot(self, slot: int) -> None:
+        """Remove the documents of distinct session ``slot`` (later slots move down)."""
+        self.invalidate()
+        for g in LEXICAL_GRANULARITIES:
+            ptr = self.doc_ptr[g]
+            a, b = int(ptr[slot]), int(ptr[slot + 1])
+            self.docs[g] = self.docs[g].drop_rows(a, b)
+            self.doc_ptr[g] = torch.cat([ptr[:slot + 1], ptr[slot + 2:] - (b - a)])
+
+    def set_queries(self, texts: Sequence[str]) -> None:
+        """Re-tokenise the index's questions (every term gets an id)."""
+        self.queries = self.encode_queries(texts, grow=True)
+
+    def encode_queries(self, texts: Sequence[str], grow: bool = False) -> TermMatrix:
+        """Term counts of query texts; terms unknown to the index are dropped (they
+        match nothing) unless ``grow``."""
+        return TermMatrix.from_ids([self.vocab.encode(self.tokenizer.tokens(t), grow=grow)
                                     for t in texts])
 
     # ------------------------------------------------------------------ persistence

@@ -1,10 +1,13 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
+from .fusion import node_scores, reciprocal_rank_fusion, sum_granularities, weighted_sum
 from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
+from .normalise import NORMS, normalise_signals
 from .ppr import csr_adjacency, personalized_pagerank
+from .propagate import propagate, query_waves, seed_scores
+from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
-from .scores import (memgas_session_scores, memgas_session_scores_packed, query_waves,
-                     seed_scores)
+from .scores import memgas_session_scores
 
 __all__ = [
     "gmm1d_accept",
@@ -18,7 +21,14 @@ __all__ = [
     "entropy_router",
     "router_weights",
     "memgas_session_scores",
-    "memgas_session_scores_packed",
     "seed_scores",
     "query_waves",
+    "propagate",
+    "NORMS",
+    "normalise_signals",
+    "weighted_sum",
+    "reciprocal_rank_fusion",
+    "node_scores",
+    "sum_granularities",
+    "rank_sessions",
 ]

@@ -51,8 +51,8 @@ class SessionTable:
     Attributes:
         gran: ``[n_distinct, 4, d]``: session text S, mean of turn embeddings T (zeros
             for a session without turns), summary U, keywords K.
-        hybrid: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"``
-            or None when not computed.
+        concat: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"``
+            (the reference's "hybrid" text) or None when not computed.
         sessions: the distinct Session objects, in table order.
         turns: ``[n_turns, d]`` embedding of every turn of the distinct sessions (table
             order), or None; session ``j``'s turns are ``turn_ptr[j]:turn_ptr[j+1]``.
@@ -60,21 +60,21 @@ class SessionTable:
     """
 
     gran: Tensor
-    hybrid: Optional[Tensor]
+    concat: Optional[Tensor]
     sessions: list[Session]
     turns: Optional[Tensor] = None
     turn_ptr: Optional[Tensor] = None
 
 
 def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = None,
-                   hybrid: bool = True, progress: Optional[bool] = None
+                   concat: bool = True, progress: Optional[bool] = None
                    ) -> tuple[SessionTable, dict]:
-    """S, T (turn mean), U, K (and hybrid) embeddings for every distinct session."""
+    """S, T (turn mean), U, K (and concat) embeddings for every distinct session."""
     slot: dict[tuple, int] = {}
     sessions: list[Session] = []
     u_text: list[str] = []
     k_text: list[str] = []
-    h_text: list[str] = []
+    c_text: list[str] = []
     for c in ds:
         for s, u, k in zip(c.sessions, exp.summaries[c.id], exp.keywords[c.id]):
             if s.key in slot:
@@ -83,12 +83,12 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
             sessions.append(s)
             u_text.append(u)
             k_text.append(k)
-            if hybrid:
-                h_text.append(f"{u} {k} {s.text}")
+            if concat:
+                c_text.append(f"{u} {k} {s.text}")
     n = len(sessions)
     turn_counts = [len(s.turns) for s in sessions]
     texts = ([s.text for s in sessions] + [t for s in sessions for t in s.turns]
-             + u_text + k_text + h_text)
+             + u_text + k_text + c_text)
     emb, stats = encode_unique(encoder, texts, store=store, progress=progress)
     d = emb.shape[1]
     s_emb = emb[:n]
@@ -96,7 +96,7 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
     t_flat = emb[n:n + n_turns]
     off = n + n_turns
     u_emb, k_emb = emb[off:off + n], emb[off + n:off + 2 * n]
-    h_emb = emb[off + 2 * n:off + 3 * n] if hybrid else None
+    c_emb = emb[off + 2 * n:off + 3 * n] if concat else None
     # T = mean of the session's turn embeddings (zeros when it has none), as the reference
     owner = torch.repeat_interleave(torch.arange(n), torch.tensor(turn_counts, dtype=torch.long))
     t_sum = torch.zeros(n, d).index_add_(0, owner, t_flat)
@@ -104,4 +104,4 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
     gran = torch.stack([s_emb, t_emb, u_emb, k_emb], dim=1)
     turn_ptr = torch.cat([torch.zeros(1, dtype=torch.long),
                           torch.tensor(turn_counts, dtype=torch.long).cumsum(0)])
-    return SessionTable(gran, h_emb, sessions, t_flat, turn_ptr), stats
+    return SessionTable(gran, c_emb, sessions, t_flat, turn_ptr), stats

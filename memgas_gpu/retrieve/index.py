@@ -6,47 +6,37 @@ Layout (all CPU tensors; moved to the query device on demand):
   (``conv_offsets[c]:conv_offsets[c+1]`` are conversation ``c``'s sessions, in order);
 * ``table``: embeddings per *distinct* session (``row_slot[row]`` points into it), so
   sessions shared between LongMemEval haystacks are stored and encoded once;
-* graph nodes: four per row, interleaved ``4*row + g`` with g in (S, T, U, K), the
-  association graph as one block-diagonal symmetric CSR over all conversations;
-* questions: embeddings ``q_emb`` and their conversation ``q_conv``.
+* graph nodes: ``N_GRAN`` per row, interleaved ``N_GRAN*row + g`` with g in (S, T, U, K)
+  (:mod:`memgas_gpu.granularity`), the association graph as one block-diagonal
+  symmetric CSR over all conversations;
+* questions: embeddings ``q_emb`` and their conversation ``q_conv``;
+* turns (optional): every turn's embedding and text of the distinct sessions.
+
+docs/architecture.md follows a dataset file to a ranking through these modules.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ..data.model import Dataset, Question, Session
-from ..expand.granularity import expand_dataset
 from .. import ops
+from ..data.model import Dataset, Question, Session
+from ..errors import MemgasError
+from ..expand.granularity import expand_dataset
+from ..granularity import N_GRAN, expand_ranges
 from .embed import embed_sessions, encode_unique
+from .meta import ConversationMeta, GraphParams
+from .texts import TextTable
 
-__all__ = ["MemoryIndex", "GraphParams"]
-
-N_GRAN = 4
-
-
-@dataclass
-class GraphParams:
-    """Association-graph settings (DESIGN.md "Write path")."""
-
-    m: int = 30
-    skip_sessions: int = 5
-    rule: str = "gmm"  # "gmm" (MemGAS) or "topk" (the no_gmm ablation)
-    topk: int = 5
-
-    def key(self) -> str:
-        return "gmm" if self.rule == "gmm" else f"topk{self.topk}"
+__all__ = ["MemoryIndex", "GraphParams", "EncoderMismatchError"]
 
 
-@dataclass
-class ConversationMeta:
-    id: str
-    session_ids: list[str]
-    session_dates: list[str]
+class EncoderMismatchError(MemgasError, ValueError):
+    """A query encoder that differs from the one the index was built with."""
 
 
 class MemoryIndex:
@@ -58,16 +48,19 @@ class MemoryIndex:
 
     def __init__(self, *, conversations: list[ConversationMeta], questions: list[Question],
                  conv_offsets: Tensor, row_slot: Tensor, gran: Tensor,
-                 hybrid: Optional[Tensor], q_emb: Tensor, q_conv: Tensor,
+                 concat: Optional[Tensor], q_emb: Tensor, q_conv: Tensor,
                  graphs: dict[str, tuple[Tensor, Tensor]], params: GraphParams,
                  config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
-                 turn_ptr: Optional[Tensor] = None) -> None:
+                 turn_ptr: Optional[Tensor] = None,
+                 turn_text: Optional[TextTable] = None) -> None:
         self.conversations = conversations
         self.questions = questions
         self.conv_offsets = conv_offsets
         self.row_slot = row_slot
         self.gran = gran
-        self.hybrid = hybrid
+        #: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"`` (the
+        #: ``concat`` baseline; the reference calls it "hybrid"), or None
+        self.concat = concat
         self.q_emb = q_emb
         self.q_conv = q_conv
         self.graphs = graphs
@@ -79,16 +72,18 @@ class MemoryIndex:
         #: session slot ``j`` owns ``turns[turn_ptr[j]:turn_ptr[j+1]]``
         self.turns = turns
         self.turn_ptr = turn_ptr
+        #: optional turn texts, aligned with ``turn_ptr`` (evidence shown by ``search``)
+        self.turn_text = turn_text
         self._encoder = None
 
     # ------------------------------------------------------------------ building
     @classmethod
     def build(cls, dataset: Dataset, encoder: Any = None, *, summaries="offline",
               keywords="offline", store: Any = None, m: int = 30, skip_sessions: int = 5,
-              hybrid: bool = True, device: Optional[str] = None,
+              concat: bool = True, device: Optional[str] = None,
               progress: Optional[bool] = None, lexical: bool = True,
               tokenizer: Any = None, graph_mapper=None,
-              keep_turns: bool = True) -> "MemoryIndex":
+              keep_turns: bool = True, keep_text: bool = True) -> "MemoryIndex":
         """Expand, encode and link every conversation of ``dataset``.
 
         Args:
@@ -101,7 +96,8 @@ class MemoryIndex:
             m: candidates per node for the GMM test (default 30).
             skip_sessions: the first sessions of a conversation get no outgoing edges
                 (default 5).
-            hybrid: also embed the reference's hybrid text (for ``method="hybrid"``).
+            concat: also embed ``"{summary} {keywords} {session}"`` (the reference's
+                "hybrid" text, for ``method="concat"``).
             device: where to build the graph (``None``: CUDA if available).
             progress: progress bars.
             graph_mapper: how graph chunks run (see :func:`build_graph`; the Ray
@@ -112,6 +108,7 @@ class MemoryIndex:
                 Lucene English stopwords, Snowball English stemming).
             keep_turns: keep every turn's embedding (for the ``dense_Tmax`` signal of
                 ``memgas_hybrid``; already computed for T, costs memory only).
+            keep_text: keep every turn's text (the evidence :meth:`search` returns).
         """
         if encoder is None:
             from ..encode import Encoder
@@ -122,7 +119,7 @@ class MemoryIndex:
         exp = expand_dataset(dataset, summaries=summaries, keywords=keywords)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, hybrid=hybrid,
+        table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, concat=concat,
                                           progress=progress)
         questions = [q for c in dataset for q in c.questions]
         q_emb, q_stats = encode_unique(encoder, [q.text for q in questions], store=store,
@@ -149,17 +146,20 @@ class MemoryIndex:
         config = {
             "encoder": describe() if callable(describe) else {"model": repr(encoder)},
             "encoder_fingerprint": getattr(encoder, "fingerprint", None),
+            "encoder_source": _encoder_source(encoder),
             "expansion": exp.config,
             "dataset": {"format": dataset.format, "source": dataset.source},
             "encoding": {"sessions_and_texts": enc_stats, "questions": q_stats},
         }
         idx = cls(conversations=metas, questions=questions, conv_offsets=conv_offsets,
-                  row_slot=row_slot, gran=table.gran, hybrid=table.hybrid,
+                  row_slot=row_slot, gran=table.gran, concat=table.concat,
                   q_emb=q_emb if len(questions) else torch.zeros(0, table.gran.shape[-1]),
                   q_conv=q_conv, graphs={},
                   params=GraphParams(m=m, skip_sessions=skip_sessions), config=config,
                   lexical=lex, turns=table.turns if keep_turns else None,
-                  turn_ptr=table.turn_ptr if keep_turns else None)
+                  turn_ptr=table.turn_ptr,
+                  turn_text=TextTable.from_strings(t for x in table.sessions for t in x.turns)
+                  if keep_text else None)
         if lex is not None:
             idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
@@ -170,12 +170,48 @@ class MemoryIndex:
         idx.config["timings"] = timings
         return idx
 
+    @classmethod
+    def from_nodes(cls, node_emb: Tensor, sessions_per_conversation, graph=None,
+                   params: Optional[GraphParams] = None) -> "MemoryIndex":
+        """A bare index over precomputed node embeddings (benchmarks, tensor-level use).
+
+        Args:
+            node_emb: ``[n_rows * N_GRAN, d]`` interleaved node embeddings (node
+                ``N_GRAN*row + g``), conversations one after the other.
+            sessions_per_conversation: session count of each conversation.
+            graph: optional ``(indptr, indices)`` association graph (else built on use).
+            params: the graph's settings (default :class:`GraphParams`).
+        """
+        sizes = torch.as_tensor(list(sessions_per_conversation), dtype=torch.long)
+        n_rows = int(sizes.sum())
+        d = node_emb.shape[-1]
+        p = params or GraphParams()
+        metas = [ConversationMeta(str(c), [str(i) for i in range(int(k))], [""] * int(k))
+                 for c, k in enumerate(sizes.tolist())]
+        return cls(conversations=metas, questions=[],
+                   conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
+                   row_slot=torch.arange(n_rows, device=node_emb.device),
+                   gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
+                   q_emb=node_emb.new_zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
+                   graphs={} if graph is None else {p.key(): graph}, params=p, config={})
+
     # ------------------------------------------------------------------ API
     def retrieve(self, questions=None, method: str = "memgas", **kwargs):
-        """Rank sessions for questions; see :func:`memgas_gpu.retrieve.retrieve`."""
+        """Rank sessions for the index's own questions; see
+        :func:`memgas_gpu.retrieve.retrieve`."""
         from .search import retrieve
 
         return retrieve(self, questions, method=method, **kwargs)
+
+    def search(self, conversation_id, queries: Sequence[str], k: int = 10,
+               method: str = "memgas_hybrid", **kwargs) -> list:
+        """Rank a conversation's sessions for new query texts (encoded with the index's
+        own encoder); one :class:`~memgas_gpu.retrieve.SearchResult` per query with
+        session ids, scores and the best-matching turns.  See
+        :func:`memgas_gpu.retrieve.search`."""
+        from .search import search
+
+        return search(self, conversation_id, queries, k=k, method=method, **kwargs)
 
     def save(self, path, dtype: torch.dtype = torch.float32):
         """Write the index folder (see ``docs/index-format.md``)."""
@@ -188,7 +224,44 @@ class MemoryIndex:
         """Read an index folder written by :meth:`save`."""
         from .persist import load_index
 
-        return load_index(path)
+        return load_index(path, cls)
+
+    # ------------------------------------------------------------------ encoder
+    def query_encoder(self, encoder: Any = None):
+        """The encoder for new queries: ``encoder``, the one :meth:`build` used in this
+        process, or the one the index records (reloaded once).
+
+        Raises:
+            EncoderMismatchError: its fingerprint differs from the index's.
+        """
+        enc = encoder or self._encoder
+        if enc is None:
+            src = self.config.get("encoder_source")
+            d = self.config.get("encoder") or {}
+            if not src:
+                raise EncoderMismatchError("this index does not record its encoder (built "
+                                           "with a custom one): pass encoder=")
+            from ..encode import Encoder
+
+            enc = Encoder(None if src.get("bundled") else src["path"],
+                          pooling=d.get("pooling", "mean"),
+                          normalize=d.get("normalize", "auto"),
+                          max_length=d.get("max_length"),
+                          long_text=d.get("long_text", "truncate"),
+                          chunk_stride=d.get("chunk_stride"), dtype=d.get("dtype"))
+        self._check_encoder(enc)
+        if encoder is None:
+            self._encoder = enc
+        return enc
+
+    def _check_encoder(self, enc) -> None:
+        want = self.config.get("encoder_fingerprint")
+        got = getattr(enc, "fingerprint", None)
+        if want and got and want != got:
+            raise EncoderMismatchError(
+                f"the query encoder ({_describe(enc)}) differs from the one this index was "
+                f"built with ({(self.config.get('encoder') or {}).get('model')}, "
+                f"fingerprint {want}): scores would be meaningless")
 
     def add_session(self, conversation_id: str, session: Session, *,
                     summary: Optional[str] = None, keywords: Optional[str] = None,
@@ -210,33 +283,35 @@ class MemoryIndex:
         from ..expand.offline import OfflineExtractor
 
         ci = self.conversation_index(conversation_id)
-        enc = encoder or self._encoder
-        if enc is None:
-            raise ValueError("add_session needs the index's encoder: pass encoder=Encoder(...)")
-        want = self.config.get("encoder_fingerprint")
-        got = getattr(enc, "fingerprint", None)
-        if want and got and want != got:
-            raise ValueError(f"encoder fingerprint {got} differs from the index's {want}")
+        if session.id in self.conversations[ci].session_ids:
+            raise ValueError(f"conversation {conversation_id!r} already has a session "
+                             f"{session.id!r}")
+        enc = self.query_encoder(encoder)
         if summary is None or keywords is None:
             u, k = OfflineExtractor().expand([session.text])
             summary = u[0] if summary is None else summary
             keywords = k[0] if keywords is None else keywords
         texts = [session.text, *session.turns, summary, keywords]
-        if self.hybrid is not None:
+        if self.concat is not None:
             texts.append(f"{summary} {keywords} {session.text}")
         emb, _ = encode_unique(enc, texts, progress=False)
         nt = len(session.turns)
         t = emb[1:1 + nt].mean(0) if nt else torch.zeros(self.dim)
         if self.turns is not None:
             self.turns = torch.cat([self.turns, emb[1:1 + nt].to(self.turns.dtype)])
+        if self.turn_ptr is not None:
             self.turn_ptr = torch.cat([self.turn_ptr, self.turn_ptr[-1:] + nt])
+        if self.turn_text is not None:
+            self.turn_text = self.turn_text.append(session.turns)
         row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]]).to(self.gran.dtype)
         slot = self.gran.shape[0]
         self.gran = torch.cat([self.gran, row.unsqueeze(0)])
-        if self.hybrid is not None:
-            self.hybrid = torch.cat([self.hybrid, emb[3 + nt:4 + nt].to(self.hybrid.dtype)])
+        if self.concat is not None:
+            self.concat = torch.cat([self.concat, emb[3 + nt:4 + nt].to(self.concat.dtype)])
         if self.lexical is not None:
             self.lexical.append_session(session, summary, keywords)
+            # question terms first seen in this session must now match it
+            self.lexical.set_queries([q.text for q in self.questions])
         r = int(self.conv_offsets[ci + 1])  # the new row, at the end of conversation ci
         self.row_slot = torch.cat([self.row_slot[:r], torch.tensor([slot]), self.row_slot[r:]])
         self.conv_offsets = self.conv_offsets.clone()
@@ -248,22 +323,98 @@ class MemoryIndex:
             self.graphs[key] = self._grow_graph(self.graphs[key], ci, r, key)
 
     def _grow_graph(self, graph, ci: int, r: int, key: str):
-        indptr, indices = graph
-        n_new = self.n_rows * N_GRAN
-        src = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
-        cut = r * N_GRAN
-        old = torch.stack([src, indices])
-        old = torch.where(old >= cut, old + N_GRAN, old)  # later conversations shift
+        """``graph`` with row ``r`` (the new last session of conversation ``ci``) linked:
+        only its nodes get new edges, as in a rebuild."""
         a, b = int(self.conv_offsets[ci]), int(self.conv_offsets[ci + 1])
+        old = _edges(graph)
+        old = torch.where(old >= r * N_GRAN, old + N_GRAN, old)  # later conversations shift
         emb = self.node_embeddings(torch.arange(a, b))
         sess = torch.arange(b - a).repeat_interleave(N_GRAN)
-        p = self.params
-        rule_all = key != "gmm"
-        m = int(key[4:]) if rule_all else p.m
-        new = ops.association_edges(emb, sess, m=m, skip_sessions=p.skip_sessions,
-                                    accept="all" if rule_all else "gmm",
+        p = GraphParams.from_key(key, self.params)
+        gmm = p.rule == "gmm"
+        new = ops.association_edges(emb, sess, m=p.m if gmm else p.topk,
+                                    skip_sessions=p.skip_sessions,
+                                    accept="gmm" if gmm else "all",
                                     first_node=(b - a - 1) * N_GRAN)
-        return ops.symmetric_csr(torch.cat([old, new + a * N_GRAN], dim=1), n_new)
+        return ops.symmetric_csr(torch.cat([old, new + a * N_GRAN], dim=1),
+                                 self.n_rows * N_GRAN)
+
+    def remove_session(self, conversation_id: str, session_id: str) -> None:
+        """Forget one session of a conversation.
+
+        The conversation's graph block is rebuilt (later sessions lose candidates and
+        move up one position, so their edges change) and every tensor, the lexical
+        documents and the turn texts lose the session's entries, so the index equals a
+        rebuild without the session: same graph edges, embeddings and BM25 statistics.
+        A session shared with another conversation (LongMemEval haystacks) keeps its
+        embeddings for the others.
+
+        Raises:
+            KeyError: unknown conversation or session id.
+        """
+        ci = self.conversation_index(conversation_id)
+        meta = self.conversations[ci]
+        if session_id not in meta.session_ids:
+            raise KeyError(f"conversation {conversation_id!r} has no session {session_id!r}")
+        j = meta.session_ids.index(session_id)
+        a = int(self.conv_offsets[ci])
+        r = a + j
+        slot = int(self.row_slot[r])
+        self.row_slot = torch.cat([self.row_slot[:r], self.row_slot[r + 1:]])
+        self.conv_offsets = self.conv_offsets.clone()
+        self.conv_offsets[ci + 1:] -= 1
+        del meta.session_ids[j]
+        del meta.session_dates[j]
+        if not bool((self.row_slot == slot).any()):
+            self._drop_slot(slot)
+        b = int(self.conv_offsets[ci + 1])
+        for key in list(self.graphs):
+            old = _edges(self.graphs[key])
+            lo, hi = a * N_GRAN, (b + 1) * N_GRAN  # the block before removal
+            keep = ((old[0] < lo) | (old[0] >= hi)) & ((old[1] < lo) | (old[1] >= hi))
+            old = old[:, keep]
+            old = torch.where(old >= hi, old - N_GRAN, old)
+            ip, ix = graph_chunk(self.node_embeddings(torch.arange(a, b)), [b - a],
+                                 GraphParams.from_key(key, self.params), "cpu")
+            block = _edges((ip, ix)) + a * N_GRAN
+            self.graphs[key] = ops.symmetric_csr(torch.cat([old, block], 1),
+                                                 self.n_rows * N_GRAN)
+        if self.lexical is not None:
+            self.lexical.invalidate()
+
+    def _drop_slot(self, slot: int) -> None:
+        """Remove distinct session ``slot`` (no row uses it) from every table."""
+        keep = torch.arange(self.gran.shape[0]) != slot
+        self.gran = self.gran[keep]
+        if self.concat is not None:
+            self.concat = self.concat[keep]
+        if self.turn_ptr is not None:
+            t0, t1 = int(self.turn_ptr[slot]), int(self.turn_ptr[slot + 1])
+            if self.turns is not None:
+                self.turns = torch.cat([self.turns[:t0], self.turns[t1:]])
+            if self.turn_text is not None:
+                self.turn_text = self.turn_text.drop(t0, t1)
+            self.turn_ptr = torch.cat([self.turn_ptr[:slot + 1],
+                                       self.turn_ptr[slot + 2:] - (t1 - t0)])
+        if self.lexical is not None:
+            self.lexical.remove_slot(slot)
+        self.row_slot = torch.where(self.row_slot > slot, self.row_slot - 1, self.row_slot)
+
+    def best_turns(self, query_emb: Tensor, rows: Tensor, n: int = 3) -> list:
+        """For each session row, its ``n`` turns most similar to ``query_emb``:
+        ``[(turn index, text or None, <query, turn>)]``, best first (empty when the
+        index keeps no turn embeddings)."""
+        if self.turns is None or self.turn_ptr is None:
+            return [[] for _ in range(len(rows))]
+        out = []
+        for r in rows.tolist():
+            slot = int(self.row_slot[r])
+            t0, t1 = int(self.turn_ptr[slot]), int(self.turn_ptr[slot + 1])
+            sims = (self.turns[t0:t1].float() @ query_emb.float()).tolist()
+            top = sorted(range(t1 - t0), key=lambda i: -sims[i])[:n]
+            out.append([(i, self.turn_text[t0 + i] if self.turn_text is not None else None,
+                         sims[i]) for i in top])
+        return out
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -285,16 +436,9 @@ class MemoryIndex:
         raise KeyError(f"no conversation {conversation_id!r} in this index")
 
     def node_embeddings(self, rows: Optional[Tensor] = None) -> Tensor:
-        """``[n_rows*4, d]`` interleaved node embeddings (node ``4*row + g``)."""
+        """``[n_rows*N_GRAN, d]`` interleaved node embeddings (node ``N_GRAN*row + g``)."""
         slots = self.row_slot if rows is None else self.row_slot[rows]
         return self.gran[slots].reshape(-1, self.dim)
-
-    def node_layout(self) -> tuple[Tensor, Tensor]:
-        """``(session_of_node, conversation_of_node)`` over all nodes."""
-        sizes = self.conv_offsets[1:] - self.conv_offsets[:-1]
-        conv_of_row = torch.repeat_interleave(torch.arange(self.n_conversations), sizes)
-        rows = torch.arange(self.n_rows)
-        return rows.repeat_interleave(N_GRAN), conv_of_row.repeat_interleave(N_GRAN)
 
     # ------------------------------------------------------------------ graph
     def graph(self, params: Optional[GraphParams] = None, device: Optional[str] = None
@@ -307,7 +451,7 @@ class MemoryIndex:
         return self.graphs[key]
 
 
-def _graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
+def graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
                  device: str) -> tuple[Tensor, Tensor]:
     """Association graph of consecutive whole conversations (``sizes`` sessions each)."""
     dev = torch.device(device)
@@ -362,7 +506,7 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
                disable=not show, leave=False)
     indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
     nnz = 0
-    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(_graph_chunk, args)):
+    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
         indptr_parts.append(ip[1:] + nnz)
         index_parts.append(ix + offs[a] * N_GRAN)
         nnz += int(ix.numel())
@@ -371,3 +515,25 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
     indptr = torch.cat(indptr_parts)
     indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)
     return indptr, indices
+
+
+def _edges(graph) -> Tensor:
+    """``[2, nnz]`` (source, target) of a CSR graph."""
+    indptr, indices = graph
+    src = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
+    return torch.stack([src, indices])
+
+
+def _encoder_source(encoder) -> Optional[dict]:
+    """Where to reload ``encoder`` from (None for a custom encoder object)."""
+    src = getattr(encoder, "source", None)
+    if not isinstance(src, str):
+        return None
+    from ..encode import bundled_model_path
+
+    return {"path": src, "bundled": src == bundled_model_path()}
+
+
+def _describe(enc) -> str:
+    d = getattr(enc, "describe", None)
+    return str(d().get("model")) if callable(d) else repr(enc)

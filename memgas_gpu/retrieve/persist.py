@@ -17,7 +17,8 @@ import torch
 from ..data.model import Question
 from ..errors import MemgasError
 from .._io import atomic_dir
-from .index import ConversationMeta, GraphParams, MemoryIndex
+from .meta import ConversationMeta, GraphParams
+from .texts import TextTable
 
 __all__ = ["save_index", "load_index", "FORMAT_VERSION", "IndexFormatError"]
 
@@ -29,7 +30,7 @@ class IndexFormatError(MemgasError):
     """An index folder that this version cannot read."""
 
 
-def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
+def save_index(index, path: Union[str, os.PathLike],
                dtype: torch.dtype = torch.float32) -> Path:
     """Write ``index`` to the folder ``path`` (replaced atomically if it exists)."""
     from safetensors.torch import save_file
@@ -39,11 +40,15 @@ def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
         "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
         "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
     }
-    if index.hybrid is not None:
-        tensors["hybrid"] = index.hybrid.to(dtype)
-    if getattr(index, "turns", None) is not None:
-        tensors["turns"] = index.turns.to(dtype)
+    if index.concat is not None:
+        tensors["concat"] = index.concat.to(dtype)
+    if index.turn_ptr is not None:
         tensors["turn_ptr"] = index.turn_ptr
+    if index.turns is not None:
+        tensors["turns"] = index.turns.to(dtype)
+    if index.turn_text is not None:
+        tensors["turn_text.bytes"] = index.turn_text.data
+        tensors["turn_text.offsets"] = index.turn_text.offsets
     lexical = getattr(index, "lexical", None)
     if lexical is not None:
         tensors.update(lexical.tensors("lexical."))
@@ -69,8 +74,9 @@ def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
     return path
 
 
-def load_index(path: Union[str, os.PathLike]) -> MemoryIndex:
-    """Read an index folder written by :func:`save_index`."""
+def load_index(path: Union[str, os.PathLike], cls=None):
+    """Read an index folder written by :func:`save_index` (as a ``cls``, default
+    :class:`~memgas_gpu.retrieve.MemoryIndex`)."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -102,11 +108,16 @@ def load_index(path: Union[str, os.PathLike]) -> MemoryIndex:
         from ..lexical import LexicalIndex
 
         lexical = LexicalIndex.from_tensors(t, manifest["lexical"]["tokenizer"], "lexical.")
-    return MemoryIndex(conversations=convs, questions=questions,
-                       conv_offsets=t["conv_offsets"], row_slot=t["row_slot"],
-                       gran=t["gran"].float(), hybrid=t["hybrid"].float() if "hybrid" in t
-                       else None, q_emb=t["q_emb"].float(), q_conv=t["q_conv"],
-                       graphs=graphs, params=GraphParams(**manifest["params"]),
-                       config=manifest["config"], lexical=lexical,
-                       turns=t["turns"].float() if "turns" in t else None,
-                       turn_ptr=t.get("turn_ptr"))
+    if cls is None:
+        from . import MemoryIndex as cls
+    concat = t.get("concat", t.get("hybrid"))  # "hybrid": indexes written before 0.2
+    text = (TextTable(t["turn_text.bytes"], t["turn_text.offsets"])
+            if "turn_text.bytes" in t else None)
+    return cls(conversations=convs, questions=questions,
+               conv_offsets=t["conv_offsets"], row_slot=t["row_slot"],
+               gran=t["gran"].float(), concat=concat.float() if concat is not None else None,
+               q_emb=t["q_emb"].float(), q_conv=t["q_conv"],
+               graphs=graphs, params=GraphParams(**manifest["params"]),
+               config=manifest["config"], lexical=lexical,
+               turns=t["turns"].float() if "turns" in t else None,
+               turn_ptr=t.get("turn_ptr"), turn_text=text)

@@ -1,0 +1,304 @@
+"""The one read path: signals → normalise → route → seeds → propagate → session scores.
+
+Every retrieval method is a named preset of one settings object, :class:`ReadParams`
+(docs/algorithm.md, "Read path", states each stage and where each default comes from):
+
+1. **signals**: raw ``[Q, S, N]`` scores of each query against the sessions of its
+   conversation (:mod:`memgas_gpu.retrieve.signals`);
+2. **normalise** each signal over the query's sessions (``norm``);
+3. **route**: weight the signals by the entropy of their softmax (``router``,
+   ``temperature``), or uniformly;
+4. **fuse**: ``"sum"`` (Σ w·z), ``"rrf"`` (Σ w / (60 + rank)), or onto the granularity
+   nodes of the association graph, keeping the top ``alpha`` as seeds (``"seeds"``:
+   summed per session) and
+5. **propagate** them by personalized PageRank (``"ppr"``, damping ``damping``) over
+   the ``graph`` (``"dense"``: the MemGAS GMM graph; ``"topk"``; ``"lexical"``;
+   ``"both"``; ``"none"``: no edges);
+6. **session scores**: the mass of a session's nodes, added.
+
+:func:`read_path` is steps 2-6 on tensors; :func:`score` runs all of it for a
+:class:`~memgas_gpu.retrieve.signals.QueryBatch` against a memory index.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..errors import MemgasError
+from ..granularity import N_GRAN
+from ..ops.bm25 import BM25_METHODS
+from ..ops.normalise import NORMS
+from .signals import (SIGNALS, QueryBatch, SignalContext, compute_signals, query_layout,
+                      signal_nodes)
+
+__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
+           "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError", "SettingsError", "resolve", "read_path",
+           "score", "auto_signals"]
+
+FUSIONS = ("ppr", "seeds", "sum", "rrf")
+GRAPHS = ("dense", "topk", "lexical", "both", "none")
+ROUTERS = ("inverse", "one_minus", "uniform")
+#: the four dense granularity signals of MemGAS
+MEMGAS_SIGNALS = ("dense_S", "dense_T", "dense_U", "dense_K")
+#: ``memgas_hybrid``'s signals when the summaries are written (LLM, dataset, file): BM25
+#: over sessions, best turn and summaries, dense best turn and summaries (docs/hybrid.md)
+DEFAULT_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U")
+#: ``memgas_hybrid``'s signals when the summaries are extractive (sentences copied from
+#: the session, ``summaries="offline"``): the U signals would count the S evidence twice
+EXTRACTIVE_SIGNALS = ("bm25_S", "bm25_Tmax", "dense_Tmax")
+
+
+class NonFiniteScoresError(MemgasError):
+    """Retrieval produced NaN or infinite scores (bad embeddings or settings);
+    ``queries`` lists the positions of the affected queries in the batch."""
+
+    def __init__(self, message: str, queries=()) -> None:
+        super().__init__(message)
+        self.queries = list(queries)
+
+
+class SettingsError(MemgasError, ValueError):
+    """A read-path setting out of range or unknown (the CLI reports it in one line)."""
+
+
+def _finite(name, value, lo=None, hi=None, lo_open=False):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise SettingsError(f"{name} must be finite, got {value!r}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise SettingsError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+    if hi is not None and v > hi:
+        raise SettingsError(f"{name} must be <= {hi}, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class ReadParams:
+    """Settings of the read path (one name and one default per setting).
+
+    Attributes:
+        signals: signal names (:data:`~memgas_gpu.retrieve.signals.SIGNALS`), a
+            ``"+"``-joined string, or ``"auto"`` (:func:`auto_signals`).
+        norm: ``"none"``, ``"z"``, ``"max"`` or ``"minmax"`` (per query and signal).
+        router: ``"inverse"`` (paper, w ∝ 1/H), ``"one_minus"`` (authors' code, 1 - H)
+            or ``"uniform"``.
+        temperature: router softmax temperature λ (> 0).
+        fusion: ``"ppr"``, ``"seeds"``, ``"sum"`` or ``"rrf"``.
+        alpha: seed nodes kept (>= 1).
+        damping: PageRank probability of following an edge, in [0, 1].
+        graph: ``"dense"``, ``"topk"``, ``"lexical"``, ``"both"`` or ``"none"``.
+        topk: edges per node of the ``"topk"`` graph (the ``no_gmm`` ablation).
+        k1, b, bm25_method: BM25 settings (bm25s defaults).
+    """
+
+    signals: object = MEMGAS_SIGNALS
+    norm: str = "none"
+    router: str = "inverse"
+    temperature: float = 0.2
+    fusion: str = "ppr"
+    alpha: int = 15
+    damping: float = 0.1
+    graph: str = "dense"
+    topk: int = 5
+    k1: float = 1.5
+    b: float = 0.75
+    bm25_method: str = "lucene"
+
+    def check(self) -> "ReadParams":
+        """Validated copy (signals as a tuple); ``ValueError`` names the bad setting."""
+        sig = self.signals
+        if isinstance(sig, str) and sig != "auto":
+            sig = tuple(x for x in sig.split("+") if x)
+        if sig != "auto":
+            sig = tuple(sig)
+            bad = [s for s in sig if s not in SIGNALS]
+            if bad or not sig:
+                raise SettingsError(f"unknown signal(s) {bad or sig}; choose from "
+                                 f"{', '.join(SIGNALS)}")
+        for name, value, allowed in (("norm", self.norm, NORMS), ("fusion", self.fusion, FUSIONS),
+                                     ("graph", self.graph, GRAPHS),
+                                     ("router", self.router, ROUTERS),
+                                     ("bm25_method", self.bm25_method, BM25_METHODS)):
+            if value not in allowed:
+                raise SettingsError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        for name, v in (("alpha", self.alpha), ("topk", self.topk)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SettingsError(f"{name} must be an integer >= 1, got {v!r}")
+        return replace(self, signals=sig,
+                       temperature=_finite("temperature", self.temperature, 0, lo_open=True),
+                       damping=_finite("damping", self.damping, 0, 1),
+                       k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1))
+
+    def describe(self) -> dict:
+        d = asdict(self)
+        if isinstance(d["signals"], (tuple, list)):
+            d["signals"] = "+".join(d["signals"])
+        return d
+
+
+def _flat(signal: str) -> ReadParams:
+    return ReadParams(signals=(signal,), norm="none", router="uniform", fusion="sum")
+
+
+#: every method, as a preset of :class:`ReadParams`
+PRESETS: dict[str, ReadParams] = {
+    "memgas": ReadParams(),
+    "no_gmm": ReadParams(graph="topk"),
+    "no_ppr": ReadParams(fusion="seeds"),
+    "no_router": ReadParams(router="uniform"),
+    "no_association": ReadParams(graph="none"),
+    "session": _flat("dense_S"),
+    "turn": _flat("dense_T"),
+    "summary": _flat("dense_U"),
+    "keyword": _flat("dense_K"),
+    "concat": _flat("dense_concat"),
+    "bm25": _flat("bm25_S"),
+    "memgas_hybrid": ReadParams(signals="auto", norm="z", router="inverse", temperature=1.0,
+                                fusion="sum"),
+}
+METHODS = tuple(PRESETS)
+_FIELDS = {f.name for f in fields(ReadParams)}
+
+
+def auto_signals(index) -> tuple[tuple, str]:
+    """The rule behind ``signals="auto"``: :data:`EXTRACTIVE_SIGNALS` when the index's
+    summaries are extractive (copied sentences), else :data:`DEFAULT_SIGNALS`.
+
+    Returns:
+        ``(signals, reason)``; the reason is printed by ``memgas eval`` and recorded.
+    """
+    summ = ((getattr(index, "config", None) or {}).get("expansion") or {}).get("summaries")
+    if isinstance(summ, dict) and summ.get("method") == "offline":
+        return EXTRACTIVE_SIGNALS, "summaries are extractive (offline): U signals left out"
+    return DEFAULT_SIGNALS, "summaries are written (not extractive)"
+
+
+def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
+            **overrides) -> tuple[ReadParams, dict]:
+    """The checked settings of ``method`` (its preset, or ``params``) with ``overrides``.
+
+    Returns:
+        ``(params, info)``: ``info`` says how ``signals="auto"`` was resolved (empty
+        when it was not used).
+    """
+    if method not in PRESETS:
+        raise SettingsError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    bad = [k for k in overrides if k not in _FIELDS]
+    if bad:
+        raise SettingsError(f"unknown setting(s) {bad}; settings are {', '.join(sorted(_FIELDS))}")
+    p = replace(params if params is not None else PRESETS[method],
+                **{k: v for k, v in overrides.items() if v is not None}).check()
+    info = {}
+    if p.signals == "auto":
+        sig, why = auto_signals(index)
+        p = replace(p, signals=sig)
+        info = {"signals": "auto", "resolved": "+".join(sig), "reason": why}
+    return p, info
+
+
+def read_path(x: Tensor, valid: Tensor, p: ReadParams, *, node_of_signal: Sequence[int],
+              n_gran: int = N_GRAN, graph: Optional[tuple] = None,
+              node_base: Optional[Tensor] = None, query_conversation: Optional[Tensor] = None,
+              blocks: Optional[Tensor] = None, backend: str = "auto") -> Tensor:
+    """Steps 2-6 of the read path on raw signals.
+
+    Args:
+        x: ``[Q, S, N]`` raw signals, in the order of ``p.signals``.
+        valid: ``[Q, N]`` bool, the query's real sessions.
+        p: checked :class:`ReadParams`.
+        node_of_signal: granularity node index of each signal.
+        n_gran: granularity nodes per session.
+        graph: ``(indptr, indices)`` of the block-diagonal graph (``fusion="ppr"``).
+        node_base: ``[Q]`` id of the first graph node of each query's conversation
+            (sessions are ``n_gran`` interleaved nodes each).
+        query_conversation: ``[Q]`` block of each query; blocks: ``[n]`` block per node.
+        backend: PageRank backend.
+
+    Returns:
+        ``[Q, N]`` session scores (float64 for ``seeds``/``ppr``; padding arbitrary).
+    """
+    z = ops.normalise_signals(x if p.norm == "none" else x.double(), valid, p.norm)
+    Q, S, N = z.shape
+    if p.router == "uniform":
+        w = torch.full((Q, S), 1.0 / S, dtype=z.dtype, device=z.device)
+    else:
+        w = ops.entropy_router(z, p.temperature, p.router, valid[:, None, :])
+    if p.fusion == "sum":
+        return ops.weighted_sum(z, w)
+    if p.fusion == "rrf":
+        return ops.reciprocal_rank_fusion(z, w, valid)
+    node = ops.node_scores(z, w, node_of_signal, n_gran)  # [Q, G, N]
+    ok = valid[:, None, :].expand(Q, n_gran, N)
+    seeds = ops.seed_scores(node.reshape(Q, n_gran * N), p.alpha, ok.reshape(Q, n_gran * N))
+    seeds = seeds.to(torch.float64)
+    if p.fusion == "ppr":
+        dev = z.device
+        pos = (node_base.to(dev)[:, None, None]
+               + torch.arange(N, device=dev)[None, None, :] * n_gran
+               + torch.arange(n_gran, device=dev)[None, :, None]).reshape(Q, n_gran * N)
+        seeds = ops.propagate(seeds, pos, ok.reshape(Q, n_gran * N), query_conversation,
+                              graph[0], graph[1], blocks, p.damping, backend=backend)
+    return ops.sum_granularities(seeds.view(Q, n_gran, N))
+
+
+def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
+          lexical=None, backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """Session scores of every query of ``batch`` against its conversation.
+
+    Args:
+        index: a :class:`~memgas_gpu.retrieve.MemoryIndex`.
+        batch: the queries.
+        p: checked settings with concrete signals (see :func:`resolve`).
+        device: where to compute (default: CUDA if available).
+        lexical: optional lexical index replacing ``index.lexical``.
+        backend: PageRank backend (``"auto"``, ``"native"``, ``"torch"``).
+
+    Returns:
+        ``(scores [Q, N_max] float (-inf padding), n_sessions [Q])``.
+
+    Raises:
+        NonFiniteScoresError: a real session got a NaN or infinite score.
+    """
+    from .graphs import read_graph
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    lay = query_layout(index.conv_offsets, batch.q_conv)
+    ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical)
+    x = compute_signals(ctx, p.signals)
+    return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend)
+
+
+def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
+           graph: Optional[tuple], backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """Steps 2-6 for raw signals ``x`` of queries laid out as ``lay`` (the sweep reuses
+    one ``x`` for many settings); see :func:`score`."""
+    valid = lay.valid.to(dev)
+    _refuse_non_finite(x, valid[:, None, :].expand_as(x), "signal values")
+    blocks = None
+    if graph is not None:
+        sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+        blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
+                                         sizes).repeat_interleave(N_GRAN)
+    s = read_path(x, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
+                  node_base=lay.start * N_GRAN, query_conversation=lay.conv, blocks=blocks,
+                  backend=backend)
+    _refuse_non_finite(s, valid, "scores")
+    return s.masked_fill(~valid, float("-inf")), lay.n
+
+
+def _refuse_non_finite(x: Tensor, valid: Tensor, what: str) -> None:
+    bad = valid & ~torch.isfinite(x)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.reshape(bad.shape[0], -1).any(1)).squeeze(1).cpu()
+        raise NonFiniteScoresError(
+            f"non-finite {what} for {rows.numel()} of {x.shape[0]} queries (first: query "
+            f"{int(rows[0])}): the index's or the query's embeddings contain NaN/inf, or "
+            "the settings overflow", rows.tolist())

@@ -1,0 +1,106 @@
+"""The association graphs the read path can propagate over (``ReadParams.graph``).
+
+All graphs share the nodes of a :class:`~memgas_gpu.retrieve.MemoryIndex` (``N_GRAN``
+interleaved nodes per session row) and are block-diagonal over conversations:
+
+* ``"dense"``: the MemGAS graph (top ``m`` earlier nodes by cosine, kept by the
+  2-component GMM test), built with the index;
+* ``"topk"``: the ``no_gmm`` ablation, every one of the top ``topk`` candidates kept;
+* ``"lexical"``: the same GMM test on BM25-weighted term vectors;
+* ``"both"``: the union of ``"dense"`` and ``"lexical"``;
+* ``"none"``: no edges (PageRank then returns the normalised seeds).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+from .. import ops
+from ..granularity import CODES, N_GRAN, expand_ranges
+
+__all__ = ["read_graph", "lexical_graph", "empty_graph"]
+
+
+def empty_graph(n_nodes: int) -> tuple:
+    """CSR of ``n_nodes`` nodes and no edges."""
+    return (torch.zeros(n_nodes + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+
+
+def read_graph(index, p, device) -> Optional[tuple]:
+    """The graph ``p.graph`` of ``index`` when ``p.fusion == "ppr"``, else None."""
+    if p.fusion != "ppr":
+        return None
+    dev = str(device)
+    if p.graph == "none":
+        return empty_graph(index.n_rows * N_GRAN)
+    if p.graph == "dense":
+        return index.graph(device=dev)
+    if p.graph == "topk":
+        return index.graph(replace(index.params, rule="topk", topk=p.topk), device=dev)
+    lg = lexical_graph(index, index.params.m, device=dev, k1=p.k1, b=p.b)
+    if p.graph == "lexical":
+        return lg
+    key = f"both_k{p.k1}_b{p.b}"
+    if key not in index.lexical.graphs:
+        edges = []
+        for ip, ix in (index.graph(device=dev), lg):
+            src = torch.repeat_interleave(torch.arange(ip.numel() - 1), ip[1:] - ip[:-1])
+            edges.append(torch.stack([src, ix]))
+        index.lexical.graphs[key] = ops.symmetric_csr(torch.cat(edges, 1),
+                                                      index.n_rows * N_GRAN)
+    return index.lexical.graphs[key]
+
+
+def lexical_graph(index, m: int = 30, skip_sessions: Optional[int] = None,
+                  device: Optional[str] = None, k1: float = 1.5, b: float = 0.75) -> tuple:
+    """Association graph over the index's nodes from *lexical* similarity.
+
+    Node vectors are L2-normalised BM25 document weights (``idf · tfc`` of every term,
+    corpus statistics per conversation and granularity; T = mean of the session's
+    normalised turn vectors), over the conversation's terms; similarity = cosine; the
+    top ``m`` earlier nodes are tested by the same 2-component GMM as the dense graph.
+    Cached in ``index.lexical.graphs`` (cleared when sessions are added or removed).
+    """
+    from ..ops.bm25 import bm25_weights
+
+    lex = index.lexical
+    if lex is None:
+        raise ValueError("this index has no lexical data: build it with lexical=True")
+    skip = index.params.skip_sessions if skip_sessions is None else skip_sessions
+    key = f"lexgmm_m{m}_s{skip}_k{k1}_b{b}"
+    if key in lex.graphs:
+        return lex.graphs[key]
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    edges = []
+    offs = index.conv_offsets.tolist()
+    for c in range(index.n_conversations):
+        nr = offs[c + 1] - offs[c]
+        if nr == 0:
+            continue
+        slots = index.row_slot[offs[c]:offs[c + 1]]
+        parts = []
+        for g in CODES:
+            doc_row, ids = expand_ranges(lex.doc_ptr[g], slots)
+            parts.append((lex.docs[g].rows(ids), doc_row))
+        terms = torch.unique(torch.cat([d.indices for d, _ in parts]))
+        Vc = terms.numel()
+        vecs = []
+        for docs, doc_row in parts:
+            local = torch.searchsorted(terms, docs.indices)
+            W, col_key = bm25_weights(docs.indptr, local, docs.tf,
+                                      torch.zeros(docs.n_rows, dtype=torch.long), Vc, k1=k1, b=b)
+            d_i, col = W.indices()
+            dense = torch.zeros(docs.n_rows, Vc, dtype=torch.float32)
+            dense[d_i, col_key[col]] = W.values().float()
+            dense = torch.nn.functional.normalize(dense, dim=1)
+            per_row = torch.zeros(nr, Vc).index_add_(0, doc_row, dense)
+            vecs.append(torch.nn.functional.normalize(per_row, dim=1))
+        emb = torch.stack(vecs, 1).reshape(nr * N_GRAN, Vc).to(dev)
+        sess = torch.arange(nr).repeat_interleave(N_GRAN).to(dev)
+        e = ops.association_edges(emb, sess, m=m, skip_sessions=skip, accept="gmm")
+        edges.append(e.cpu() + offs[c] * N_GRAN)
+    e = torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long)
+    lex.graphs[key] = ops.symmetric_csr(e, index.n_rows * N_GRAN)
+    return lex.graphs[key]

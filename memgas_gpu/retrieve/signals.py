@@ -1,0 +1,245 @@
+"""The signal registry: every score of a query against the sessions of its conversation.
+
+A *signal* is a ``[Q, N]`` score of each query against the N sessions of its own
+conversation, attached to one granularity node of the association graph (where its
+weight seeds PageRank).  Adding a signal is one :func:`register` call with the function
+that computes it (a function may compute several signals that share work, e.g. the four
+dense granularity cosines come from one product per conversation).
+
+=============== ======================================================== ====
+signal          score of session i for query q                           node
+=============== ======================================================== ====
+``dense_S/T/U/K`` ``<q, x>`` with the S, T (mean of turns), U, K embedding  S/T/U/K
+``dense_Tmax``  best turn: ``max_t <q, turn_t>`` (-1 without turns)      T
+``dense_concat`` ``<q, embedding of "{summary} {keywords} {session}">``  S
+``bm25_S``      BM25 of q against the session text (corpus: the          S
+                conversation's sessions)
+``bm25_Tmax``   best turn by BM25 (corpus: the conversation's turns)     T
+``bm25_Tmean``  mean turn BM25                                           T
+``bm25_U``      BM25 against the summary (corpus: the summaries)         U
+``bm25_K``      BM25 against the keywords (corpus: the keyword lists)    K
+=============== ======================================================== ====
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..granularity import N_GRAN, expand_ranges, granularity
+
+__all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
+           "compute_signals", "query_layout", "signal_nodes", "available"]
+
+
+@dataclass
+class QueryBatch:
+    """Queries to score: embeddings, conversation, and lexical term counts.
+
+    Attributes:
+        q_emb: ``[Q, d]`` query embeddings (the index's encoder).
+        q_conv: ``[Q]`` int64 conversation index of each query.
+        q_terms: a :class:`~memgas_gpu.lexical.TermMatrix` with one row per query, or
+            None (lexical signals then unavailable).
+    """
+
+    q_emb: Tensor
+    q_conv: Tensor
+    q_terms: Any = None
+
+    def __len__(self) -> int:
+        return int(self.q_conv.numel())
+
+
+@dataclass
+class Layout:
+    """Where each query's sessions are: ``start`` (first row of its conversation),
+    ``n`` (its session count), ``valid [Q, N_max]`` and ``rows [Q, N_max]`` (session
+    rows, 0 for padding)."""
+
+    conv: Tensor
+    start: Tensor
+    n: Tensor
+    valid: Tensor
+    rows: Tensor
+
+    @property
+    def n_max(self) -> int:
+        return int(self.rows.shape[1])
+
+
+def query_layout(conv_offsets: Tensor, q_conv: Tensor) -> Layout:
+    """The :class:`Layout` of queries of conversations ``q_conv``."""
+    conv = q_conv.to(torch.int64).cpu()
+    start = conv_offsets[conv]
+    n = conv_offsets[conv + 1] - start
+    n_max = int(n.max()) if n.numel() else 0
+    pos = torch.arange(n_max)
+    valid = pos[None, :] < n[:, None]
+    rows = torch.where(valid, start[:, None] + pos, torch.zeros_like(valid, dtype=torch.long))
+    return Layout(conv, start, n, valid, rows)
+
+
+@dataclass
+class SignalContext:
+    """What signal functions read: the index, the queries, their layout, the device,
+    BM25 settings and optionally another lexical index (the sweep's tokenizer grid)."""
+
+    index: Any
+    batch: QueryBatch
+    layout: Layout
+    device: torch.device
+    k1: float = 1.5
+    b: float = 0.75
+    bm25_method: str = "lucene"
+    lexical: Any = None
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A registered signal: ``name``, the granularity ``node`` (code) it seeds,
+    ``kind`` (``"dense"`` or ``"lexical"``), and ``compute(ctx, names) -> {name: [Q, N]}``
+    (computes every requested signal it owns)."""
+
+    name: str
+    node: str
+    kind: str
+    compute: Callable[[SignalContext, Sequence[str]], dict]
+    description: str = ""
+
+    @property
+    def node_index(self) -> int:
+        return granularity(self.node).index
+
+
+SIGNALS: dict[str, Signal] = {}
+
+
+def register(name: str, node: str, kind: str, compute: Callable,
+             description: str = "") -> Signal:
+    """Add a signal to :data:`SIGNALS` (``node``: granularity name or code)."""
+    sig = Signal(name, granularity(node).code, kind, compute, description)
+    SIGNALS[name] = sig
+    return sig
+
+
+def _per_conversation(ctx: SignalContext):
+    """``(c, query positions, first row, last row)`` of each queried conversation."""
+    conv = ctx.batch.q_conv.to(torch.int64).cpu()
+    offs = ctx.index.conv_offsets
+    for c in torch.unique(conv).tolist():
+        qs = torch.nonzero(conv == c).squeeze(1)
+        yield c, qs, int(offs[c]), int(offs[c + 1])
+
+
+def _dense_nodes(ctx: SignalContext, names: Sequence[str]) -> dict:
+    """``dense_S/T/U/K``: one ``[q_c, d] @ [d, G n_c]`` product per conversation over its
+    interleaved node embeddings (float64 when the index is float64, else float32)."""
+    idx, dev = ctx.index, ctx.device
+    Q, N = len(ctx.batch), ctx.layout.n_max
+    dt = torch.float64 if idx.gran.dtype == torch.float64 else torch.float32
+    out = torch.zeros(Q, N_GRAN, N, dtype=dt, device=dev)
+    qe = ctx.batch.q_emb.to(device=dev, dtype=dt)
+    for _, qs, a, b in _per_conversation(ctx):
+        emb = idx.node_embeddings(torch.arange(a, b)).to(device=dev, dtype=dt)
+        qd = qs.to(dev)
+        sims = qe[qd] @ emb.T  # [q, G * n]
+        out[qd, :, :b - a] = sims.view(qd.numel(), b - a, N_GRAN).transpose(1, 2)
+    return {n: out[:, granularity(SIGNALS[n].node).index] for n in names}
+
+
+def _dense_best_turn(ctx: SignalContext, names: Sequence[str]) -> dict:
+    """``dense_Tmax``: max over each session's turns of ``<q, turn>`` (-1 without turns)."""
+    idx, dev = ctx.index, ctx.device
+    if getattr(idx, "turns", None) is None:
+        raise ValueError("signal dense_Tmax needs per-turn embeddings: build the index with "
+                         "keep_turns=True")
+    Q, N = len(ctx.batch), ctx.layout.n_max
+    out = torch.full((Q, N), -1.0, dtype=torch.float32, device=dev)
+    for _, qs, a, b in _per_conversation(ctx):
+        pos, tid = expand_ranges(idx.turn_ptr, idx.row_slot[a:b])
+        sims = (ctx.batch.q_emb[qs].to(dev) @ idx.turns[tid].to(dev).T).float()  # [q, turns]
+        blk = torch.full((qs.numel(), N), float("-inf"), device=dev)
+        blk.scatter_reduce_(1, pos.to(dev)[None].expand_as(sims), sims, "amax")
+        out[qs.to(dev)] = torch.where(torch.isinf(blk), torch.full_like(blk, -1.0), blk)
+    return {"dense_Tmax": out}
+
+
+def _dense_concat(ctx: SignalContext, names: Sequence[str]) -> dict:
+    """``dense_concat``: the reference's "hybrid" text embedding (summary + keywords +
+    session text), one product per conversation."""
+    idx, dev = ctx.index, ctx.device
+    if getattr(idx, "concat", None) is None:
+        raise ValueError("this index was built without concat embeddings (concat=False)")
+    Q, N = len(ctx.batch), ctx.layout.n_max
+    out = torch.zeros(Q, N, dtype=torch.float32, device=dev)
+    for _, qs, a, b in _per_conversation(ctx):
+        x = idx.concat[idx.row_slot[a:b]].to(dev)
+        out[qs.to(dev), :b - a] = (ctx.batch.q_emb[qs].to(dev) @ x.T).float()
+    return {"dense_concat": out}
+
+
+def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
+    from ..lexical import BM25Params, lexical_signals
+
+    if ctx.batch.q_terms is None:
+        raise ValueError("lexical signals need the queries' term counts (an index built "
+                         "with lexical=True)")
+    return lexical_signals(ctx.index, names=list(names),
+                           params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
+                           device=str(ctx.device), queries=ctx.batch.q_terms,
+                           query_conversation=ctx.batch.q_conv, lexical=ctx.lexical)
+
+
+for _g in ("S", "T", "U", "K"):
+    register(f"dense_{_g}", _g, "dense", _dense_nodes,
+             f"<q, x> with the {granularity(_g).name} embedding")
+register("dense_Tmax", "T", "dense", _dense_best_turn, "best turn: max_t <q, turn_t>")
+register("dense_concat", "S", "dense", _dense_concat,
+         '<q, embedding of "{summary} {keywords} {session}">')
+register("bm25_S", "S", "lexical", _bm25, "BM25 against the session text")
+register("bm25_Tmax", "T", "lexical", _bm25, "best turn by BM25")
+register("bm25_Tmean", "T", "lexical", _bm25, "mean turn BM25")
+register("bm25_U", "U", "lexical", _bm25, "BM25 against the summary")
+register("bm25_K", "K", "lexical", _bm25, "BM25 against the keywords")
+
+
+def compute_signals(ctx: SignalContext, names: Sequence[str]) -> Tensor:
+    """Raw signals ``[Q, S, N_max]`` in the order of ``names`` (padding 0).
+
+    Each signal function runs once for all the names it owns.  The result is float64
+    when any signal is, else float32.
+    """
+    bad = [n for n in names if n not in SIGNALS]
+    if bad or not names:
+        raise ValueError(f"unknown signal(s) {bad}; choose from {', '.join(SIGNALS)}")
+    got: dict = {}
+    for fn in dict.fromkeys(SIGNALS[n].compute for n in names):
+        mine = [n for n in names if SIGNALS[n].compute is fn]
+        got.update(fn(ctx, mine))
+    dt = torch.float64 if any(got[n].dtype == torch.float64 for n in names) else torch.float32
+    x = torch.stack([got[n].to(dt) for n in names], 1)
+    valid = ctx.layout.valid.to(ctx.device)[:, None, :]
+    return torch.where(valid, x, torch.zeros_like(x))
+
+
+def signal_nodes(names: Sequence[str]) -> list[int]:
+    """The granularity node index of each signal."""
+    return [SIGNALS[n].node_index for n in names]
+
+
+def available(index, names: Optional[Sequence[str]] = None) -> list[str]:
+    """The signals (of ``names``, default all) this index can compute."""
+    out = []
+    for n in names or SIGNALS:
+        s = SIGNALS[n]
+        if s.kind == "lexical" and getattr(index, "lexical", None) is None:
+            continue
+        if n == "dense_Tmax" and getattr(index, "turns", None) is None:
+            continue
+        if n == "dense_concat" and getattr(index, "concat", None) is None:
+            continue
+        out.append(n)
+    return out

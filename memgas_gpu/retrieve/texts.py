@@ -1,0 +1,46 @@
+"""A packed table of strings (UTF-8 bytes + offsets), storable in safetensors."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["TextTable"]
+
+
+class TextTable:
+    """Strings ``0..n-1`` as one ``uint8`` byte tensor and ``[n + 1]`` int64 offsets."""
+
+    def __init__(self, data: Tensor, offsets: Tensor) -> None:
+        self.data = data
+        self.offsets = offsets
+
+    @classmethod
+    def from_strings(cls, texts: Iterable[str]) -> "TextTable":
+        enc = [t.encode("utf-8", "surrogatepass") for t in texts]
+        data = torch.frombuffer(bytearray(b"".join(enc) or b"\0"), dtype=torch.uint8).clone()
+        off = torch.tensor([0] + [len(e) for e in enc], dtype=torch.int64).cumsum(0)
+        return cls(data, off)
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    def __getitem__(self, i: int) -> str:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return bytes(self.data[a:b].numpy()).decode("utf-8", "surrogatepass")
+
+    def strings(self, ids: Sequence[int]) -> list[str]:
+        return [self[int(i)] for i in ids]
+
+    def append(self, texts: Sequence[str]) -> "TextTable":
+        new = TextTable.from_strings(texts)
+        end = int(self.offsets[-1])
+        return TextTable(torch.cat([self.data[:end], new.data[:int(new.offsets[-1])]]),
+                         torch.cat([self.offsets, new.offsets[1:] + end]))
+
+    def drop(self, a: int, b: int) -> "TextTable":
+        """Without strings ``a..b-1``."""
+        lo, hi = int(self.offsets[a]), int(self.offsets[b])
+        off = torch.cat([self.offsets[:a + 1], self.offsets[b + 1:] - (hi - lo)])
+        return TextTable(torch.cat([self.data[:lo], self.data[hi:]]), off)

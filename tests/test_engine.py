@@ -1,0 +1,103 @@
+"""The one read path: presets, settings validation, and bit-identity of ``memgas`` with the
+implementation it replaced (``tests/_legacy_memgas.py``, frozen), on real LoCoMo."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memgas_gpu.granularity import CODES, N_GRAN, expand_ranges, granularity, node_ids
+from memgas_gpu.retrieve import METHODS, PRESETS, MemoryIndex, SettingsError, retrieve
+from memgas_gpu.retrieve.engine import resolve
+
+from _legacy_memgas import legacy_retrieve_scores
+
+
+def _two_conversations(idx: MemoryIndex) -> MemoryIndex:
+    """conv-30 plus a second conversation made of its first 13 sessions (different
+    sizes, so padding and the packed PageRank rows are exercised)."""
+    n1, n2 = idx.n_rows, 13
+    c = idx.conversations[0]
+    from memgas_gpu.retrieve.meta import ConversationMeta
+
+    metas = [c, ConversationMeta("copy", c.session_ids[:n2], c.session_dates[:n2])]
+    return MemoryIndex(conversations=metas, questions=idx.questions + idx.questions,
+                       conv_offsets=torch.tensor([0, n1, n1 + n2]),
+                       row_slot=torch.cat([idx.row_slot, idx.row_slot[:n2]]), gran=idx.gran,
+                       concat=idx.concat, q_emb=torch.cat([idx.q_emb, idx.q_emb]),
+                       q_conv=torch.cat([torch.zeros(len(idx.questions), dtype=torch.long),
+                                         torch.ones(len(idx.questions), dtype=torch.long)]),
+                       graphs={}, params=idx.params, config=idx.config)
+
+
+@pytest.mark.parametrize("method", ["memgas", "no_gmm", "no_ppr", "no_router",
+                                    "no_association"])
+def test_memgas_presets_bit_identical_to_the_replaced_path(locomo_index, method):
+    _, idx = locomo_index
+    two = _two_conversations(idx)
+    want = legacy_retrieve_scores(two, method)
+    got = retrieve(two, method=method, device="cpu").scores
+    assert got.dtype == want.dtype == torch.float64
+    assert torch.equal(got, want)
+
+
+def test_one_minus_router_and_settings_bit_identical(locomo_index):
+    _, idx = locomo_index
+    want = legacy_retrieve_scores(idx, "memgas", temperature=0.5, alpha=7, damping=0.3,
+                                  router="one_minus")
+    got = retrieve(idx, method="memgas", device="cpu", temperature=0.5, alpha=7, damping=0.3,
+                   router="one_minus").scores
+    assert torch.equal(got, want)
+
+
+def test_every_method_is_a_preset():
+    assert set(METHODS) == set(PRESETS)
+    assert PRESETS["no_ppr"].fusion == "seeds" and PRESETS["memgas"].fusion == "ppr"
+    assert PRESETS["no_router"].router == "uniform" and PRESETS["no_gmm"].graph == "topk"
+    assert PRESETS["no_association"].graph == "none"
+    assert PRESETS["memgas_hybrid"].signals == "auto"
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"temperature": float("nan")}, "temperature must be finite"),
+    ({"temperature": 0}, "temperature must be >"),
+    ({"temperature": -1.0}, "temperature must be >"),
+    ({"damping": 1.5}, "damping must be <= 1"),
+    ({"damping": float("inf")}, "damping must be finite"),
+    ({"alpha": 0}, "alpha must be an integer >= 1"),
+    ({"alpha": 2.5}, "alpha must be an integer"),
+    ({"b": -0.1}, "b must be >= 0"),
+    ({"norm": "l2"}, "norm must be one of"),
+    ({"signals": "dense_X"}, "unknown signal"),
+    ({"bogus": 1}, "unknown setting"),
+])
+def test_settings_are_validated(bad, match):
+    with pytest.raises(SettingsError, match=match):
+        resolve(None, "memgas", **bad)
+
+
+def test_negative_question_index_is_refused(locomo_index):
+    _, idx = locomo_index
+    with pytest.raises(IndexError, match="out of range"):
+        retrieve(idx, questions=[-1], device="cpu")
+    with pytest.raises(IndexError, match="out of range"):
+        retrieve(idx, questions=[len(idx.questions)], device="cpu")
+
+
+def test_eval_temperature_reaches_memgas_hybrid(locomo_index):
+    """The old CLI mapping dropped --temperature for memgas_hybrid."""
+    _, idx = locomo_index
+    a = retrieve(idx, method="memgas_hybrid", device="cpu", temperature=0.05)
+    b = retrieve(idx, method="memgas_hybrid", device="cpu")
+    assert a.params["temperature"] == 0.05 and b.params["temperature"] == 1.0
+    assert not torch.equal(a.scores, b.scores)
+
+
+def test_granularity_home():
+    assert CODES == "STUK" and N_GRAN == 4
+    assert granularity("summary").code == "U" and granularity("K").index == 3
+    with pytest.raises(KeyError, match="unknown granularity"):
+        granularity("paragraph")
+    assert node_ids(torch.tensor([0, 2])).tolist() == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert node_ids(torch.tensor([1, 3]), "turn").tolist() == [5, 13]
+    owner, ids = expand_ranges(torch.tensor([0, 2, 2, 5]), torch.tensor([2, 0]))
+    assert owner.tolist() == [0, 0, 0, 1, 1] and ids.tolist() == [2, 3, 4, 0, 1]
