@@ -1,8 +1,7 @@
 """Question cues as tensor ops: who the question is about, and when.
 
-* :func:`speaker_weighted_max`: a turn-level signal where the turns (messages) of the
-  speaker the question names weigh more: ``max_{m ∈ session} score(q, m) · (1 + γ ·
-  [speaker(m) named in q])``.
+* :func:`field_weighted_counts`: BM25F-style counts, so that the messages of the speaker
+  a question names weigh ``1 + γ`` in the turn (or session) they belong to.
 * :func:`time_affinity`: how well each session's date fits the question's time
   interval: 1 inside ``[start, end + after]`` (people talk about an event on the day
   or after it, not before), ``exp(-distance / tau)`` outside (``tau = 0``: 0 outside).
@@ -15,36 +14,36 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["speaker_weighted_max", "time_affinity"]
+__all__ = ["field_weighted_counts", "time_affinity"]
 
 
-def speaker_weighted_max(q: Tensor, msg: Tensor, value: Tensor, msg_pos: Tensor,
-                         msg_speaker: Tensor, named: Tensor, gamma: float,
-                         n_max: int) -> Tensor:
-    """Session scores from message scores, the named speaker's messages weighted.
+def field_weighted_counts(doc: Tensor, term: Tensor, tf: Tensor, field_weight: Tensor,
+                          n_docs: int) -> tuple[Tensor, Tensor, Tensor]:
+    """BM25F-style term counts: ``tf'(d, t) = Σ_parts w(part) · tf(part, t)``.
+
+    A document (a turn, a session) is made of parts (its messages), each with a weight
+    (e.g. ``1 + γ`` for the messages of the speaker the question names); the weighted
+    counts then go through BM25's saturation and length normalisation as usual
+    (Robertson, Zaragoza & Taylor, CIKM 2004).
 
     Args:
-        q, msg, value: the nonzero (question, message, score) entries (e.g. the
-            indices and values of a sparse BM25 ``[Q, M]``), scores ``>= 0``.
-        msg_pos: ``[M]`` int64 position of each message's session in its conversation.
-        msg_speaker: ``[M]`` int64 speaker slot of each message in its conversation
-            (``-1``: unknown).
-        named: ``[Q, P]`` bool, True where question ``q`` names speaker slot ``p``.
-        gamma: extra weight of the named speaker's messages (0 = plain max).
-        n_max: sessions per row of the output.
+        doc: ``[nnz]`` int64 document of each (part, term) entry.
+        term: ``[nnz]`` int64 term id.
+        tf: ``[nnz]`` count of the term in the part.
+        field_weight: ``[nnz]`` weight of the entry's part.
+        n_docs: number of documents.
 
     Returns:
-        ``[Q, n_max]`` float32: the best weighted message score of each session (0 for a
-        session without a matching message).
+        ``(indptr [n_docs+1], indices, tf)``: CSR weighted counts, terms ascending per row.
     """
-    Q, P = named.shape
-    spk = msg_speaker[msg]
-    hit = (spk >= 0) & named[q, spk.clamp(0, max(P - 1, 0))] if P else torch.zeros_like(q,
-                                                                                     dtype=bool)
-    w = value.float() * (1 + gamma * hit.float())
-    out = torch.zeros(Q * n_max, dtype=torch.float32, device=value.device)
-    out.scatter_reduce_(0, q * n_max + msg_pos[msg], w, "amax")
-    return out.view(Q, n_max)
+    n_terms = int(term.max()) + 1 if term.numel() else 1
+    key, inv = torch.unique(doc * n_terms + term, return_inverse=True)
+    val = torch.zeros(key.numel(), dtype=torch.float32, device=tf.device)
+    val.index_add_(0, inv, (tf * field_weight).float())
+    d = key // n_terms
+    ptr = torch.zeros(n_docs + 1, dtype=torch.long, device=tf.device)
+    ptr[1:] = torch.bincount(d, minlength=n_docs).cumsum(0)
+    return ptr, key % n_terms, val
 
 
 def time_affinity(start: Tensor, end: Tensor, session_day: Tensor, valid: Tensor,

@@ -4,10 +4,10 @@
 :func:`memgas_gpu.data.model.pair_messages`), so each conversation's speakers are the
 names in those brackets: no name list.  A question *names* a speaker when one of its
 words is the speaker's first name, or a capitalised prefix of at least three letters
-of exactly one speaker's first name ("Mel" for Melanie).  :func:`speaker_signal` scores
-every *message* with BM25 (corpus: the conversation's messages) and keeps the best per
-session, the named speaker's messages weighted ``1 + γ``
-(:func:`memgas_gpu.ops.cues.speaker_weighted_max`).
+of exactly one speaker's first name ("Mel" for Melanie).  :func:`speaker_signal` is
+BM25 over the turns (or sessions) where the named speaker's messages count ``1 + γ``
+times (BM25F-style, :func:`memgas_gpu.ops.cues.field_weighted_counts`); it replaces
+``bm25_Tmax`` (or ``bm25_S``) in the fusion.
 
 **Time.** Absolute expressions in the question ("on 7 July, 2023", "May 23, 2023", "in
 August 2023", "in 2022", "in June") become a day interval; a month or day without a
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..ops.bm25 import bm25_scores, bm25_weights
-from ..ops.cues import speaker_weighted_max
+from ..ops.cues import field_weighted_counts
 
 __all__ = ["SpeakerData", "build_speaker_data", "speaker_signal", "named_speakers",
            "split_messages", "parse_date", "question_interval", "time_tensors"]
@@ -81,8 +81,11 @@ class SpeakerData:
     """Messages of every conversation of an index, tokenised, with their speakers.
 
     Attributes:
-        docs: :class:`~memgas_gpu.lexical.TermMatrix` ``[M, V]`` (the index's vocabulary).
+        docs: :class:`~memgas_gpu.lexical.TermMatrix` ``[M, V]`` of each message's text
+            with its speaker's name (the index's tokenizer and vocabulary), so that the
+            messages of a turn add up to the turn's own document.
         msg_row: ``[M]`` index row (conversation session) of each message.
+        msg_turn: ``[M]`` turn of each message (a row of ``index.lexical.docs["T"]``).
         msg_speaker: ``[M]`` speaker slot within the conversation (``-1``: none).
         speakers: per conversation, its speaker names (slot order).
         named: ``[n_questions, P]`` bool, the speakers each question names.
@@ -90,6 +93,7 @@ class SpeakerData:
 
     docs: object
     msg_row: Tensor
+    msg_turn: Tensor
     msg_speaker: Tensor
     speakers: list
     named: Tensor
@@ -102,7 +106,8 @@ def build_speaker_data(index, dataset) -> SpeakerData:
     lex = index.lexical
     if lex is None:
         raise ValueError("the speaker cue needs an index built with lexical=True")
-    ids, rows, spk, speakers = [], [], [], []
+    ids, rows, turns, spk, speakers = [], [], [], [], []
+    tptr = lex.doc_ptr["T"]
     for ci, meta in enumerate(index.conversations):
         conv = dataset.get(meta.id)
         if conv is None or [s.id for s in conv.sessions] != meta.session_ids:
@@ -111,12 +116,15 @@ def build_speaker_data(index, dataset) -> SpeakerData:
         names: list[str] = []
         base = int(index.conv_offsets[ci])
         for si, s in enumerate(conv.sessions):
-            for t in s.turns:
+            first = int(tptr[int(index.row_slot[base + si])])
+            for ti, t in enumerate(s.turns):
                 for who, text in split_messages(t):
                     if who and who not in names:
                         names.append(who)
-                    ids.append(lex.vocab.encode(lex.tokenizer.tokens(text), grow=False))
+                    ids.append(lex.vocab.encode(lex.tokenizer.tokens(f"{who} {text}"),
+                                                grow=False))
                     rows.append(base + si)
+                    turns.append(first + ti)
                     spk.append(names.index(who) if who else -1)
         speakers.append(names)
     P = max((len(n) for n in speakers), default=0)
@@ -125,33 +133,75 @@ def build_speaker_data(index, dataset) -> SpeakerData:
         names = speakers[int(index.q_conv[qi])]
         if names:
             named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
-    return SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=torch.long),
-                       torch.tensor(spk, dtype=torch.long), speakers, named)
+    long = torch.long
+    return SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=long),
+                       torch.tensor(turns, dtype=long), torch.tensor(spk, dtype=long),
+                       speakers, named)
 
 
 def speaker_signal(index, data: SpeakerData, questions: Tensor, gamma: float = 1.0,
-                   k1: float = 1.5, b: float = 0.75, method: str = "lucene",
-                   device: Optional[str] = None, queries=None) -> Tensor:
-    """``[Q, N_max]`` best message BM25 per session, the named speaker's messages
-    weighted ``1 + gamma`` (``bm25_Mspk``; ``gamma=0``: plain message-level max).
-    ``queries``: optional :class:`~memgas_gpu.lexical.TermMatrix` replacing the
-    questions' terms (e.g. expanded by :func:`memgas_gpu.lexical.prf.rm3_expand`)."""
+                   granularity: str = "T", k1: float = 1.5, b: float = 0.75,
+                   method: str = "lucene", device: Optional[str] = None) -> Tensor:
+    """BM25 with the named speaker's messages weighted ``1 + gamma`` (BM25F-style, see
+    :func:`memgas_gpu.ops.cues.field_weighted_counts`).
+
+    A question that names exactly one speaker of its conversation is scored against
+    documents whose counts weigh that speaker's messages ``1 + gamma``; any other
+    question against the plain documents (``gamma=0`` or no named speaker: exactly
+    ``bm25_Tmax`` / ``bm25_S``).
+
+    Args:
+        index: the memory index (built with ``lexical=True``).
+        data: its :class:`SpeakerData`.
+        questions: ``[Q]`` indices into ``index.questions``.
+        gamma: extra weight of the named speaker's messages.
+        granularity: ``"T"`` (best turn of the session, as ``bm25_Tmax``) or ``"S"``
+            (the session text, as ``bm25_S``).
+        k1, b, method: BM25 settings.
+        device: where to compute (default: CUDA if available).
+
+    Returns:
+        ``[Q, N_max]`` float32 (0 past a conversation's end).
+    """
+    if granularity not in ("T", "S"):
+        raise ValueError(f"granularity must be 'T' or 'S', got {granularity!r}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     qi = torch.as_tensor(questions, dtype=torch.long)
     conv = index.q_conv[qi]
     offs = index.conv_offsets
     n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
+    out = torch.zeros(qi.numel(), n_max, dtype=torch.float32, device=dev)
+    if qi.numel() == 0:
+        return out
     V = len(index.lexical.vocab)
+    convs, q_group = torch.unique(conv, return_inverse=True)
     msg_conv = torch.searchsorted(offs, data.msg_row, right=True) - 1
-    d = data.docs.to(dev)
-    W, key = bm25_weights(d.indptr, d.indices, d.tf, msg_conv.to(dev), V, k1=k1, b=b,
-                          method=method)
-    qm = (queries if queries is not None else index.lexical.queries.rows(qi)).to(dev)
-    S = bm25_scores(W, key, V, qm.indptr, qm.indices, qm.tf, conv.to(dev))
-    q, m = S.indices()
-    pos = (data.msg_row - offs[msg_conv]).to(dev)
-    return speaker_weighted_max(q, m, S.values(), pos, data.msg_speaker.to(dev),
-                                data.named[qi].to(dev), gamma, n_max)
+    local = torch.full((index.n_conversations,), -1, dtype=torch.long)
+    local[convs] = torch.arange(convs.numel())
+    keep = torch.nonzero(local[msg_conv] >= 0).squeeze(1)
+    unit = data.msg_turn[keep] if granularity == "T" else data.msg_row[keep]
+    units, doc = torch.unique(unit, return_inverse=True)  # local documents
+    first = torch.zeros(units.numel(), dtype=torch.long).scatter_(0, doc, keep)
+    doc_row = data.msg_row[first]
+    doc_group = local[msg_conv[first]]
+    doc_pos = (doc_row - offs[msg_conv[first]]).to(dev)
+    m = data.docs.rows(keep)
+    part = torch.repeat_interleave(torch.arange(keep.numel()), m.indptr[1:] - m.indptr[:-1])
+    nnz_doc, spk = doc[part], data.msg_speaker[keep][part]
+    named = data.named[qi]
+    variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
+    for v in torch.unique(variant).tolist():
+        w = torch.ones(part.numel()) if v < 0 else 1 + gamma * (spk == v).float()
+        ip, ix, tf = field_weighted_counts(nnz_doc, m.indices, m.tf, w, units.numel())
+        W, key = bm25_weights(ip.to(dev), ix.to(dev), tf.to(dev), doc_group.to(dev), V,
+                              k1=k1, b=b, method=method)
+        sel = torch.nonzero(variant == v).squeeze(1)
+        qm = index.lexical.queries.rows(qi[sel]).to(dev)
+        S = bm25_scores(W, key, V, qm.indptr, qm.indices, qm.tf, q_group[sel].to(dev))
+        q, d = S.indices()
+        flat = sel.to(dev)[q] * n_max + doc_pos[d]
+        out.view(-1).scatter_reduce_(0, flat, S.values().float(), "amax")
+    return out
 
 
 # ---------------------------------------------------------------------- time
