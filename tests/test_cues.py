@@ -12,7 +12,8 @@ import torch
 from memgas_gpu.lexical import lexical_signals
 from memgas_gpu.ops.cues import field_weighted_counts, time_affinity
 from memgas_gpu.retrieve.cues import (build_speaker_data, named_speakers, parse_date,
-                                      question_interval, speaker_signal, split_messages)
+                                      question_interval, speaker_bm25, speaker_signal,
+                                      split_messages)
 
 pytest.importorskip("dateutil")
 
@@ -101,11 +102,11 @@ def test_speaker_signal_is_bm25_with_the_named_speakers_messages_repeated(locomo
     qi = torch.arange(len(idx.questions))
     plain = lexical_signals(idx, qi, ("bm25_S", "bm25_Tmax"), device="cpu")
     for g, name in (("T", "bm25_Tmax"), ("S", "bm25_S")):
-        got = speaker_signal(idx, data, qi, gamma=0.0, granularity=g, device="cpu")
+        got = speaker_signal(idx, data, qi, speaker_bm25(idx, data, 0.0, g, device="cpu"))
         assert torch.allclose(got, plain[name], rtol=1e-5, atol=1e-5)
     tok = idx.lexical.tokenizer
     names = data.speakers[0]
-    got = speaker_signal(idx, data, qi, gamma=1.0, granularity="T", device="cpu")
+    got = speaker_signal(idx, data, qi, speaker_bm25(idx, data, 1.0, "T", device="cpu"))
     owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
     checked = 0
     for i in range(40):

@@ -34,8 +34,9 @@ from torch import Tensor
 from ..ops.bm25 import bm25_scores, bm25_weights
 from ..ops.cues import field_weighted_counts
 
-__all__ = ["SpeakerData", "build_speaker_data", "speaker_signal", "named_speakers",
-           "split_messages", "parse_date", "question_interval", "time_tensors"]
+__all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
+           "named_speakers", "split_messages", "parse_date", "question_interval",
+           "time_tensors"]
 
 _MSG = re.compile(r"^\[([^\]\n]+)\]: ", re.M)
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
@@ -139,67 +140,86 @@ def build_speaker_data(index, dataset) -> SpeakerData:
                        speakers, named)
 
 
-def speaker_signal(index, data: SpeakerData, questions: Tensor, gamma: float = 1.0,
-                   granularity: str = "T", k1: float = 1.5, b: float = 0.75,
-                   method: str = "lucene", device: Optional[str] = None) -> Tensor:
-    """BM25 with the named speaker's messages weighted ``1 + gamma`` (BM25F-style, see
+@dataclass
+class SpeakerBM25:
+    """BM25 document weights of every conversation for each speaker variant (built once
+    per index and setting by :func:`speaker_bm25`; only scoring runs per question).
+
+    Attributes:
+        weights: speaker slot (``-1``: plain documents) → ``(W, col_key)`` of
+            :func:`memgas_gpu.ops.bm25.bm25_weights`, conversations as groups.
+        doc_pos: ``[n_docs]`` position of each document's session in its conversation.
+        n_terms: vocabulary size.
+    """
+
+    weights: dict
+    doc_pos: Tensor
+    n_terms: int
+
+
+def speaker_bm25(index, data: SpeakerData, gamma: float = 1.0, granularity: str = "T",
+                 k1: float = 1.5, b: float = 0.75, method: str = "lucene",
+                 device: Optional[str] = None) -> SpeakerBM25:
+    """Weighted documents (turns ``"T"`` or sessions ``"S"``) of every conversation, for
+    each speaker slot ``p`` (its messages count ``1 + gamma``) and plain (``-1``)."""
+    if granularity not in ("T", "S"):
+        raise ValueError(f"granularity must be 'T' or 'S', got {granularity!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    offs = index.conv_offsets
+    unit = data.msg_turn if granularity == "T" else data.msg_row
+    units, doc = torch.unique(unit, return_inverse=True)
+    first = torch.zeros(units.numel(), dtype=torch.long).scatter_(
+        0, doc, torch.arange(doc.numel()))
+    doc_row = data.msg_row[first]
+    doc_conv = torch.searchsorted(offs, doc_row, right=True) - 1
+    m = data.docs
+    part = torch.repeat_interleave(torch.arange(m.n_rows), m.indptr[1:] - m.indptr[:-1])
+    nnz_doc, spk = doc[part], data.msg_speaker[part]
+    V = len(index.lexical.vocab)
+    out = {}
+    for v in [-1] + list(range(data.named.shape[1])):
+        w = torch.ones(part.numel()) if v < 0 else 1 + gamma * (spk == v).float()
+        ip, ix, tf = field_weighted_counts(nnz_doc, m.indices, m.tf, w, units.numel())
+        out[v] = bm25_weights(ip.to(dev), ix.to(dev), tf.to(dev), doc_conv.to(dev), V,
+                              k1=k1, b=b, method=method)
+    return SpeakerBM25(out, (doc_row - offs[doc_conv]).to(dev), V)
+
+
+def speaker_signal(index, data: SpeakerData, questions: Tensor,
+                   weights: SpeakerBM25) -> Tensor:
+    """``[Q, N_max]`` BM25 of each session (best document of the session) with the named
+    speaker's messages weighted (BM25F-style, see
     :func:`memgas_gpu.ops.cues.field_weighted_counts`).
 
-    A question that names exactly one speaker of its conversation is scored against
-    documents whose counts weigh that speaker's messages ``1 + gamma``; any other
-    question against the plain documents (``gamma=0`` or no named speaker: exactly
-    ``bm25_Tmax`` / ``bm25_S``).
+    A question that names exactly one speaker of its conversation is scored against the
+    documents of that speaker's variant; any other question against the plain documents
+    (``gamma=0`` or no named speaker: exactly ``bm25_Tmax`` / ``bm25_S``).
 
     Args:
         index: the memory index (built with ``lexical=True``).
         data: its :class:`SpeakerData`.
         questions: ``[Q]`` indices into ``index.questions``.
-        gamma: extra weight of the named speaker's messages.
-        granularity: ``"T"`` (best turn of the session, as ``bm25_Tmax``) or ``"S"``
-            (the session text, as ``bm25_S``).
-        k1, b, method: BM25 settings.
-        device: where to compute (default: CUDA if available).
+        weights: :func:`speaker_bm25` of the same index and data.
 
     Returns:
         ``[Q, N_max]`` float32 (0 past a conversation's end).
     """
-    if granularity not in ("T", "S"):
-        raise ValueError(f"granularity must be 'T' or 'S', got {granularity!r}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = weights.doc_pos.device
     qi = torch.as_tensor(questions, dtype=torch.long)
     conv = index.q_conv[qi]
     offs = index.conv_offsets
     n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
     out = torch.zeros(qi.numel(), n_max, dtype=torch.float32, device=dev)
-    if qi.numel() == 0:
-        return out
-    V = len(index.lexical.vocab)
-    convs, q_group = torch.unique(conv, return_inverse=True)
-    msg_conv = torch.searchsorted(offs, data.msg_row, right=True) - 1
-    local = torch.full((index.n_conversations,), -1, dtype=torch.long)
-    local[convs] = torch.arange(convs.numel())
-    keep = torch.nonzero(local[msg_conv] >= 0).squeeze(1)
-    unit = data.msg_turn[keep] if granularity == "T" else data.msg_row[keep]
-    units, doc = torch.unique(unit, return_inverse=True)  # local documents
-    first = torch.zeros(units.numel(), dtype=torch.long).scatter_(0, doc, keep)
-    doc_row = data.msg_row[first]
-    doc_group = local[msg_conv[first]]
-    doc_pos = (doc_row - offs[msg_conv[first]]).to(dev)
-    m = data.docs.rows(keep)
-    part = torch.repeat_interleave(torch.arange(keep.numel()), m.indptr[1:] - m.indptr[:-1])
-    nnz_doc, spk = doc[part], data.msg_speaker[keep][part]
     named = data.named[qi]
     variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
     for v in torch.unique(variant).tolist():
-        w = torch.ones(part.numel()) if v < 0 else 1 + gamma * (spk == v).float()
-        ip, ix, tf = field_weighted_counts(nnz_doc, m.indices, m.tf, w, units.numel())
-        W, key = bm25_weights(ip.to(dev), ix.to(dev), tf.to(dev), doc_group.to(dev), V,
-                              k1=k1, b=b, method=method)
+        W, key = weights.weights[v]
         sel = torch.nonzero(variant == v).squeeze(1)
         qm = index.lexical.queries.rows(qi[sel]).to(dev)
-        S = bm25_scores(W, key, V, qm.indptr, qm.indices, qm.tf, q_group[sel].to(dev))
+        S = bm25_scores(W, key, weights.n_terms, qm.indptr, qm.indices, qm.tf,
+                        conv[sel].to(dev))
         q, d = S.indices()
-        flat = sel.to(dev)[q] * n_max + doc_pos[d]
+        flat = sel.to(dev)[q] * n_max + weights.doc_pos[d]
         out.view(-1).scatter_reduce_(0, flat, S.values().float(), "amax")
     return out
 
