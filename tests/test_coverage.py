@@ -79,7 +79,8 @@ def test_batched_equals_per_question_reference_with_padding():
     cover[cover < 0.5] = 0
     w = torch.rand(Q, L, generator=g, dtype=torch.float64)
     w[2] = 0  # a question without terms
-    e = torch.nn.functional.normalize(torch.randn(Q, N, 6, generator=g, dtype=torch.float64), dim=-1)
+    e = torch.nn.functional.normalize(torch.randn(Q, N, 6, generator=g, dtype=torch.float64),
+                                      dim=-1)
     sim = e @ e.transpose(1, 2)
     for beta in (0.3, 1.5):
         got = _order(xquad(rel, valid, cover, w, k=k, beta=beta), valid)

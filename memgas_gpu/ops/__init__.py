@@ -1,4 +1,6 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
+from .coverage import mmr, order_scores, xquad
+from .cues import field_weighted_counts, time_affinity
 from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
 from .ppr import csr_adjacency, personalized_pagerank
@@ -7,6 +9,11 @@ from .scores import (memgas_session_scores, memgas_session_scores_packed, query_
                      seed_scores)
 
 __all__ = [
+    "mmr",
+    "order_scores",
+    "xquad",
+    "field_weighted_counts",
+    "time_affinity",
     "gmm1d_accept",
     "association_edges",
     "build_association_graph",
