@@ -1,4 +1,6 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
+from .coverage import mmr, order_scores, xquad
+from .cues import field_weighted_counts, time_affinity
 from .fusion import node_scores, reciprocal_rank_fusion, sum_granularities, weighted_sum
 from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
@@ -10,6 +12,11 @@ from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
 
 __all__ = [
+    "mmr",
+    "order_scores",
+    "xquad",
+    "field_weighted_counts",
+    "time_affinity",
     "gmm1d_accept",
     "association_edges",
     "build_association_graph",

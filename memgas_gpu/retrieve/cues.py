@@ -1,0 +1,334 @@
+"""Question cues from the data: the speaker a question names, and its time expression.
+
+**Speaker.** Turns are rendered ``[speaker]: text`` (two messages per turn, see
+:func:`memgas_gpu.data.model.pair_messages`), so each conversation's speakers are the
+names in those brackets: no name list.  A question *names* a speaker when one of its
+words is the speaker's first name, or a capitalised prefix of at least three letters
+of exactly one speaker's first name ("Mel" for Melanie).  :func:`speaker_signal` is
+BM25 over the turns (or sessions) where the named speaker's messages count ``1 + γ``
+times (BM25F-style, :func:`memgas_gpu.ops.cues.field_weighted_counts`); it replaces
+``bm25_Tmax`` (or ``bm25_S``) in the fusion.
+
+**Time.** Absolute expressions in the question ("on 7 July, 2023", "May 23, 2023", "in
+August 2023", "in 2022", "in June") become a day interval; a month or day without a
+year takes the latest such date not after the anchor (the question's date, else the
+conversation's last session).  Relative ones ("last week", "3 days ago", "yesterday",
+"last year") need the question's date (LongMemEval has one, LoCoMo does not) and are
+skipped without it.  Dates are parsed with ``python-dateutil`` (``dateutil.parser``):
+it reads session timestamps of every source here ("1:56 pm on 8 May, 2023",
+"2023/05/20 (Sat) 02:21") without a format string, and the spans a regex finds in the
+question.  ``dateparser`` / ``parsedatetime`` would add relative phrases, but LoCoMo has
+no question date to anchor them, and dateutil is small and already in the environment.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..ops.bm25 import bm25_scores, bm25_weights
+from ..ops.cues import field_weighted_counts
+
+__all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
+           "named_speakers", "split_messages", "parse_date", "question_interval",
+           "time_tensors"]
+
+_MSG = re.compile(r"^\[([^\]\n]+)\]: ", re.M)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
+_EPOCH = date(1970, 1, 1)
+
+
+def split_messages(turn: str) -> list[tuple[str, str]]:
+    """``"[A]: x\\n[B]: y"`` → ``[("A", "x"), ("B", "y")]`` (text before the first bracket,
+    if any, belongs to speaker ``""``)."""
+    marks = list(_MSG.finditer(turn))
+    out = []
+    if not marks or marks[0].start() > 0:
+        head = turn[:marks[0].start() if marks else len(turn)].strip()
+        if head:
+            out.append(("", head))
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(turn)
+        out.append((m.group(1).strip(), turn[m.end():end].strip()))
+    return out
+
+
+def named_speakers(question: str, speakers: Sequence[str]) -> list[bool]:
+    """Which of ``speakers`` the question names (see the module docstring)."""
+    firsts = [s.split()[0].lower() if s.split() else "" for s in speakers]
+    hit = [False] * len(speakers)
+    for w in _WORD.findall(question):
+        w0 = re.sub(r"'s?$", "", w)
+        lw = w0.lower()
+        exact = [i for i, f in enumerate(firsts) if f and lw == f]
+        if exact:
+            for i in exact:
+                hit[i] = True
+            continue
+        if len(lw) >= 3 and w0[0].isupper():
+            pre = [i for i, f in enumerate(firsts) if f.startswith(lw)]
+            if len(pre) == 1:
+                hit[pre[0]] = True
+    return hit
+
+
+@dataclass
+class SpeakerData:
+    """Messages of every conversation of an index, tokenised, with their speakers.
+
+    Attributes:
+        docs: :class:`~memgas_gpu.lexical.TermMatrix` ``[M, V]`` of each message's text
+            with its speaker's name (the index's tokenizer and vocabulary), so that the
+            messages of a turn add up to the turn's own document.
+        msg_row: ``[M]`` index row (conversation session) of each message.
+        msg_turn: ``[M]`` turn of each message (a row of ``index.lexical.docs["T"]``).
+        msg_speaker: ``[M]`` speaker slot within the conversation (``-1``: none).
+        speakers: per conversation, its speaker names (slot order).
+        named: ``[n_questions, P]`` bool, the speakers each question names.
+    """
+
+    docs: object
+    msg_row: Tensor
+    msg_turn: Tensor
+    msg_speaker: Tensor
+    speakers: list
+    named: Tensor
+
+
+def build_speaker_data(index, dataset) -> SpeakerData:
+    """:class:`SpeakerData` of ``index`` (built from ``dataset``, same conversations)."""
+    from ..lexical import TermMatrix
+
+    lex = index.lexical
+    if lex is None:
+        raise ValueError("the speaker cue needs an index built with lexical=True")
+    ids, rows, turns, spk, speakers = [], [], [], [], []
+    tptr = lex.doc_ptr["T"]
+    for ci, meta in enumerate(index.conversations):
+        conv = dataset.get(meta.id)
+        if conv is None or [s.id for s in conv.sessions] != meta.session_ids:
+            raise ValueError(f"dataset {dataset.source!r} does not match the index at "
+                             f"conversation {meta.id!r}")
+        names: list[str] = []
+        base = int(index.conv_offsets[ci])
+        for si, s in enumerate(conv.sessions):
+            first = int(tptr[int(index.row_slot[base + si])])
+            for ti, t in enumerate(s.turns):
+                for who, text in split_messages(t):
+                    if who and who not in names:
+                        names.append(who)
+                    ids.append(lex.vocab.encode(lex.tokenizer.tokens(f"{who} {text}"),
+                                                grow=False))
+                    rows.append(base + si)
+                    turns.append(first + ti)
+                    spk.append(names.index(who) if who else -1)
+        speakers.append(names)
+    P = max((len(n) for n in speakers), default=0)
+    named = torch.zeros(len(index.questions), P, dtype=torch.bool)
+    for qi, q in enumerate(index.questions):
+        names = speakers[int(index.q_conv[qi])]
+        if names:
+            named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
+    long = torch.long
+    return SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=long),
+                       torch.tensor(turns, dtype=long), torch.tensor(spk, dtype=long),
+                       speakers, named)
+
+
+@dataclass
+class SpeakerBM25:
+    """BM25 document weights of every conversation for each speaker variant (built once
+    per index and setting by :func:`speaker_bm25`; only scoring runs per question).
+
+    Attributes:
+        weights: speaker slot (``-1``: plain documents) → ``(W, col_key)`` of
+            :func:`memgas_gpu.ops.bm25.bm25_weights`, conversations as groups.
+        doc_pos: ``[n_docs]`` position of each document's session in its conversation.
+        n_terms: vocabulary size.
+    """
+
+    weights: dict
+    doc_pos: Tensor
+    n_terms: int
+
+
+def speaker_bm25(index, data: SpeakerData, gamma: float = 1.0, granularity: str = "T",
+                 k1: float = 1.5, b: float = 0.75, method: str = "lucene",
+                 device: Optional[str] = None) -> SpeakerBM25:
+    """Weighted documents (turns ``"T"`` or sessions ``"S"``) of every conversation, for
+    each speaker slot ``p`` (its messages count ``1 + gamma``) and plain (``-1``)."""
+    if granularity not in ("T", "S"):
+        raise ValueError(f"granularity must be 'T' or 'S', got {granularity!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    offs = index.conv_offsets
+    unit = data.msg_turn if granularity == "T" else data.msg_row
+    units, doc = torch.unique(unit, return_inverse=True)
+    first = torch.zeros(units.numel(), dtype=torch.long).scatter_(
+        0, doc, torch.arange(doc.numel()))
+    doc_row = data.msg_row[first]
+    doc_conv = torch.searchsorted(offs, doc_row, right=True) - 1
+    m = data.docs
+    part = torch.repeat_interleave(torch.arange(m.n_rows), m.indptr[1:] - m.indptr[:-1])
+    nnz_doc, spk = doc[part], data.msg_speaker[part]
+    V = len(index.lexical.vocab)
+    out = {}
+    for v in [-1] + list(range(data.named.shape[1])):
+        w = torch.ones(part.numel()) if v < 0 else 1 + gamma * (spk == v).float()
+        ip, ix, tf = field_weighted_counts(nnz_doc, m.indices, m.tf, w, units.numel())
+        out[v] = bm25_weights(ip.to(dev), ix.to(dev), tf.to(dev), doc_conv.to(dev), V,
+                              k1=k1, b=b, method=method)
+    return SpeakerBM25(out, (doc_row - offs[doc_conv]).to(dev), V)
+
+
+def speaker_signal(index, data: SpeakerData, questions: Tensor,
+                   weights: SpeakerBM25) -> Tensor:
+    """``[Q, N_max]`` BM25 of each session (best document of the session) with the named
+    speaker's messages weighted (BM25F-style, see
+    :func:`memgas_gpu.ops.cues.field_weighted_counts`).
+
+    A question that names exactly one speaker of its conversation is scored against the
+    documents of that speaker's variant; any other question against the plain documents
+    (``gamma=0`` or no named speaker: exactly ``bm25_Tmax`` / ``bm25_S``).
+
+    Args:
+        index: the memory index (built with ``lexical=True``).
+        data: its :class:`SpeakerData`.
+        questions: ``[Q]`` indices into ``index.questions``.
+        weights: :func:`speaker_bm25` of the same index and data.
+
+    Returns:
+        ``[Q, N_max]`` float32 (0 past a conversation's end).
+    """
+    dev = weights.doc_pos.device
+    qi = torch.as_tensor(questions, dtype=torch.long)
+    conv = index.q_conv[qi]
+    offs = index.conv_offsets
+    n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
+    out = torch.zeros(qi.numel(), n_max, dtype=torch.float32, device=dev)
+    named = data.named[qi]
+    variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
+    for v in torch.unique(variant).tolist():
+        W, key = weights.weights[v]
+        sel = torch.nonzero(variant == v).squeeze(1)
+        qm = index.lexical.queries.rows(qi[sel]).to(dev)
+        S = bm25_scores(W, key, weights.n_terms, qm.indptr, qm.indices, qm.tf,
+                        conv[sel].to(dev))
+        q, d = S.indices()
+        flat = sel.to(dev)[q] * n_max + weights.doc_pos[d]
+        out.view(-1).scatter_reduce_(0, flat, S.values().float(), "amax")
+    return out
+
+
+# ---------------------------------------------------------------------- time
+_MONTHS = "|".join(calendar.month_name[1:]) + "|" + "|".join(
+    m for m in calendar.month_abbr[1:] if m != "May")
+_DAY = r"(?:\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(?:19|20)\d\d"
+_PATTERNS = [  # (regex, granularity), most specific first
+    (rf"\b{_DAY}\s+(?:{_MONTHS})\.?,?\s+{_YEAR}\b", "day"),
+    (rf"\b(?:{_MONTHS})\.?\s+{_DAY},?\s+{_YEAR}\b", "day"),
+    (rf"\b(?:{_MONTHS})\.?,?\s+{_YEAR}\b", "month"),
+    (rf"\b{_DAY}\s+(?:{_MONTHS})\b", "day_noyear"),
+    (rf"\b(?:{_MONTHS})\s+{_DAY}\b", "day_noyear"),
+    (rf"\b(?:in|during|of|since)\s+{_YEAR}\b", "year"),
+    (rf"\b(?:in|during)\s+(?:{_MONTHS})\b", "month_noyear"),
+]
+#: cheap test first: without a month name or a year no absolute pattern can match
+_ANY = re.compile(rf"\b(?:{_MONTHS}|{_YEAR})\b", re.I)
+_RELATIVE = [
+    (r"\byesterday\b", 1, 1), (r"\blast\s+week(?:end)?\b", 14, 0),
+    (r"\blast\s+month\b", 62, 0), (r"\blast\s+year\b", 730, 0),
+]
+_AGO = re.compile(r"\b(\d+|a|an|one|two|three|four|five|six)\s+(day|week|month|year)s?\s+ago\b",
+                  re.I)
+_NUM = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+_UNIT = {"day": 1, "week": 7, "month": 30, "year": 365}
+
+
+def parse_date(text: str) -> Optional[date]:
+    """A timestamp string → its date (``None`` when empty or unreadable)."""
+    from dateutil import parser
+
+    if not text or not text.strip():
+        return None
+    try:
+        return parser.parse(text, fuzzy=True).date()
+    except (ValueError, OverflowError):
+        return None
+
+
+def _days(d: date) -> float:
+    return float((d - _EPOCH).days)
+
+
+def question_interval(text: str, anchor: Optional[date] = None,
+                      question_date: Optional[date] = None) -> Optional[tuple[float, float]]:
+    """``(start, end)`` in days since 1970-01-01 of the question's first time expression,
+    or ``None``.  ``anchor`` resolves year-less dates; ``question_date`` also enables
+    relative expressions (it is the anchor when given)."""
+    from dateutil import parser
+
+    anchor = question_date or anchor
+    if question_date is None and not _ANY.search(text):
+        return None
+    for pat, gran in _PATTERNS:
+        m = re.search(pat, text, re.I if gran not in ("month_noyear",) else 0)
+        if not m:
+            continue
+        span = re.sub(r"^(in|during|of|since)\s+", "", m.group(0), flags=re.I)
+        span = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", span)
+        if gran == "year":
+            y = int(span)
+            return _days(date(y, 1, 1)), _days(date(y, 12, 31))
+        if gran.endswith("noyear") and anchor is None:
+            continue
+        ref = datetime(anchor.year if anchor else 2000, 1, 1)
+        try:
+            d = parser.parse(span, default=ref).date()
+        except (ValueError, OverflowError):
+            continue
+        if gran.endswith("noyear") and d > anchor:
+            d = d.replace(year=d.year - 1)
+        if gran.startswith("month"):
+            last = calendar.monthrange(d.year, d.month)[1]
+            return _days(d.replace(day=1)), _days(d.replace(day=last))
+        return _days(d), _days(d)
+    if question_date is None:
+        return None
+    q = question_date
+    for pat, back, fwd in _RELATIVE:
+        if re.search(pat, text, re.I):
+            return _days(q - timedelta(days=back)), _days(q - timedelta(days=fwd))
+    m = _AGO.search(text)
+    if m:
+        g = m.group(1).lower()
+        n = int(g) if g.isdigit() else _NUM[g]
+        back = n * _UNIT[m.group(2).lower()]
+        slack = max(2, back // 4)
+        return _days(q - timedelta(days=back + slack)), _days(q - timedelta(days=back - slack))
+    return None
+
+
+def time_tensors(index) -> tuple[Tensor, Tensor, Tensor]:
+    """``(start [n_questions], end [n_questions], session_day [n_rows])`` in days (NaN
+    where a question has no time expression or a session no readable date)."""
+    sess = []
+    last_of = []
+    for meta in index.conversations:
+        ds = [parse_date(d) for d in meta.session_dates]
+        sess.extend(_days(d) if d else float("nan") for d in ds)
+        known = [d for d in ds if d]
+        last_of.append(max(known) if known else None)
+    start, end = [], []
+    for qi, q in enumerate(index.questions):
+        iv = question_interval(q.text, anchor=last_of[int(index.q_conv[qi])],
+                               question_date=parse_date(q.date))
+        start.append(iv[0] if iv else float("nan"))
+        end.append(iv[1] if iv else float("nan"))
+    f = torch.float64
+    return torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), torch.tensor(sess, dtype=f)
