@@ -1,7 +1,7 @@
 """Multi-evidence stages on top of today's ``memgas_hybrid`` (issue 16), LoCoMo dev.
 
 Builds (once, then reloads) the LoCoMo dev index for each summary source, computes
-today's raw signals (``hybrid.hybrid_signals``) and fused scores (``hybrid.fuse``),
+today's raw signals and fused scores (the engine's signal registry and read path),
 applies each new stage on top, and prints recall_all@3/5/10 overall and per category,
 leave-one-conversation-out over the three dev conversations (per stage family: the
 grid point with the best question-weighted mean of recall_all@{3,5,10} on two
@@ -38,9 +38,11 @@ from memgas_gpu.ops.cues import time_affinity
 from memgas_gpu.retrieve import MemoryIndex
 from memgas_gpu.retrieve.cues import (build_speaker_data, question_interval, speaker_bm25,
                                       speaker_signal, time_tensors)
-from memgas_gpu.retrieve.hybrid import (HybridParams, fuse, hybrid_signals, lexical_graph,
-                                        resolve_signals)
-from memgas_gpu.retrieve.search import Retrieval
+from memgas_gpu.granularity import N_GRAN
+from memgas_gpu.retrieve.engine import read_path, resolve
+from memgas_gpu.retrieve.graphs import lexical_graph
+from memgas_gpu.retrieve.search import Retrieval, question_batch
+from memgas_gpu.retrieve.signals import SignalContext, compute_signals, query_layout, signal_nodes
 
 DEV = "/work/shared/data/locomo/locomo_dev.json"
 KS = (3, 5, 10)
@@ -48,6 +50,25 @@ DEVICE = torch.device("cpu")
 #: the recommended stages (docs/multi-evidence.md): speaker cue on the turn signal,
 #: gamma 1, and the time cue with a hard interval, beta 2
 REC = {"gamma": 1.0, "time_beta": 2.0}
+
+
+def hybrid_signals(index, qi, names, rows, valid, dev, k1, b, bm25_method):
+    """Raw ``[Q, S, N]`` signals of questions ``qi`` (the engine's signal registry)."""
+    batch = question_batch(index, qi)
+    ctx = SignalContext(index, batch, query_layout(index.conv_offsets, batch.q_conv), dev,
+                        k1, b, bm25_method)
+    return compute_signals(ctx, list(names))
+
+
+def fuse(index, X, valid, conv, start, p, graph=None):
+    """Steps 2-6 of the engine's read path on raw signals ``X``."""
+    blocks = None
+    if graph is not None:
+        sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+        blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
+                                         sizes).repeat_interleave(N_GRAN)
+    return read_path(X, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
+                     node_base=start * N_GRAN, query_conversation=conv, blocks=blocks)
 
 
 def layout(index, qi):
@@ -101,7 +122,7 @@ def get_index(cache: Path, summaries: str, ds):
 def run_source(index, ds, log) -> dict:
     qi = torch.arange(len(index.questions))
     conv, start, n, valid, rows = layout(index, qi)
-    p = resolve_signals(index, HybridParams())
+    p = resolve(index, "memgas_hybrid")[0]
     sig = list(p.signals)
 
     def base_path():
