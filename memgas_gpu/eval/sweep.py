@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..retrieve.engine import (DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
-                               finish, resolve)
+                               finish, resolve, time_cue)
 from ..retrieve.graphs import read_graph
 from ..retrieve.search import Retrieval, question_batch
 from ..retrieve.signals import SIGNALS, SignalContext, available, compute_signals, query_layout
@@ -29,7 +29,7 @@ __all__ = ["GRID_KEYS", "BM25_KEYS", "PLAIN_BM25", "signal_set", "run_sweep", "r
 #: grid keys and their value types (:class:`ReadParams` fields, plus ``stopwords``)
 GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "alpha": int,
              "damping": float, "fusion": str, "graph": str, "k1": float, "b": float,
-             "bm25_method": str, "stopwords": str}
+             "bm25_method": str, "stopwords": str, "time_beta": float}
 #: keys that change the raw signals (the rest only change the fusion)
 BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
 #: the plain BM25 baseline row: session text, ``bm25s``'s tokenizer defaults (needs DATA)
@@ -101,6 +101,7 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
     lay = query_layout(index.conv_offsets, batch.q_conv)
     scored = torch.tensor([not q.is_abstention for q in index.questions], dtype=torch.bool)
     names = available(index, signal_set("all"))
+    cue = time_cue(index, batch, lay, dev)
     bm25_axes = [k for k in BM25_KEYS if k in grid]
     fuse_axes = [k for k in grid if k not in BM25_KEYS]
     results = []
@@ -149,7 +150,8 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
             if missing:
                 raise SettingsError(f"this index cannot compute signal(s) {missing}")
             cols = [names.index(s) for s in p.signals]
-            s, n = finish(index, X[:, cols], lay, p, dev, _sweep_graph(index, p, dev, lexical))
+            s, n = finish(index, X[:, cols], lay, p, dev, _sweep_graph(index, p, dev, lexical),
+                          cue=cue)
             settings = {**bset, **fset}
             if "signals" in settings:
                 settings["signals"] = "+".join(p.signals)

@@ -36,7 +36,7 @@ from ..ops.cues import field_weighted_counts
 
 __all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
            "named_speakers", "split_messages", "parse_date", "question_interval",
-           "time_tensors"]
+           "time_tensors", "time_affinity_of"]
 
 _MSG = re.compile(r"^\[([^\]\n]+)\]: ", re.M)
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
@@ -332,3 +332,44 @@ def time_tensors(index) -> tuple[Tensor, Tensor, Tensor]:
         end.append(iv[1] if iv else float("nan"))
     f = torch.float64
     return torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), torch.tensor(sess, dtype=f)
+
+
+def _session_days(index) -> list:
+    """Per conversation: its session dates in days (NaN: unreadable) and its latest date;
+    cached on the index, keyed by its sessions (add/remove_session change the key)."""
+    key = tuple((c.id, len(c.session_dates)) for c in index.conversations)
+    cache = getattr(index, "_cue_days", None)
+    if cache is None or cache[0] != key:
+        out = []
+        for meta in index.conversations:
+            ds = [parse_date(d) for d in meta.session_dates]
+            known = [d for d in ds if d]
+            out.append(([_days(d) if d else float("nan") for d in ds],
+                        max(known) if known else None))
+        cache = (key, out)
+        index._cue_days = cache
+    return cache[1]
+
+
+def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
+    """``[Q, N_max]`` time cue of queries ``texts`` (asked on ``dates``, entries may be
+    None) laid out as ``layout`` (:class:`~memgas_gpu.retrieve.signals.Layout`): 1 where
+    the session's date is inside the query's interval, else 0."""
+    from ..ops.cues import time_affinity
+
+    days = _session_days(index)
+    conv = layout.conv.tolist()
+    start, end = [], []
+    for j, text in enumerate(texts):
+        qd = parse_date(dates[j]) if dates is not None and dates[j] else None
+        iv = question_interval(text, anchor=days[conv[j]][1], question_date=qd)
+        start.append(iv[0] if iv else float("nan"))
+        end.append(iv[1] if iv else float("nan"))
+    N = layout.n_max
+    sd = torch.full((len(texts), N), float("nan"), dtype=torch.float64)
+    for j, c in enumerate(conv):
+        d = days[c][0]
+        sd[j, :len(d)] = torch.tensor(d, dtype=torch.float64)
+    f = torch.float64
+    return time_affinity(torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), sd,
+                         layout.valid)

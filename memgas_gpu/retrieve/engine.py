@@ -97,6 +97,10 @@ class ReadParams:
         graph: ``"dense"``, ``"topk"``, ``"lexical"``, ``"both"`` or ``"none"``.
         topk: edges per node of the ``"topk"`` graph (the ``no_gmm`` ablation).
         k1, b, bm25_method: BM25 settings (bm25s defaults).
+        time_beta: weight of the time cue added to the fused score: ``time_beta`` times
+            1 for a session dated inside the interval of the query's date expression
+            ("in May 2023", "on 7 July, 2023"; relative ones with a query date), else 0
+            (0: off; :mod:`memgas_gpu.retrieve.cues`, docs/multi-evidence.md).
     """
 
     signals: object = MEMGAS_SIGNALS
@@ -111,6 +115,7 @@ class ReadParams:
     k1: float = 1.5
     b: float = 0.75
     bm25_method: str = "lucene"
+    time_beta: float = 0.0
 
     def check(self) -> "ReadParams":
         """Validated copy (signals as a tuple); ``ValueError`` names the bad setting."""
@@ -135,7 +140,8 @@ class ReadParams:
         return replace(self, signals=sig,
                        temperature=_finite("temperature", self.temperature, 0, lo_open=True),
                        damping=_finite("damping", self.damping, 0, 1),
-                       k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1))
+                       k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1),
+                       time_beta=_finite("time_beta", self.time_beta, 0))
 
     def describe(self) -> dict:
         d = asdict(self)
@@ -162,7 +168,7 @@ PRESETS: dict[str, ReadParams] = {
     "concat": _flat("dense_concat"),
     "bm25": _flat("bm25_S"),
     "memgas_hybrid": ReadParams(signals="auto", norm="z", router="inverse", temperature=1.0,
-                                fusion="sum"),
+                                fusion="sum", time_beta=2.0),
 }
 METHODS = tuple(PRESETS)
 _FIELDS = {f.name for f in fields(ReadParams)}
@@ -273,13 +279,26 @@ def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
     lay = query_layout(index.conv_offsets, batch.q_conv)
     ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical)
     x = compute_signals(ctx, p.signals)
-    return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend)
+    cue = time_cue(index, batch, lay, dev) if p.time_beta else None
+    return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend, cue)
+
+
+def time_cue(index, batch: QueryBatch, lay, dev) -> Optional[Tensor]:
+    """``[Q, N]`` 1 where a session's date lies in the interval of the query's date
+    expression (see :mod:`memgas_gpu.retrieve.cues`), else 0; None without texts."""
+    from .cues import time_affinity_of
+
+    if batch.q_text is None:
+        return None
+    return time_affinity_of(index, batch.q_text, batch.q_date, lay).to(dev)
 
 
 def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
-           graph: Optional[tuple], backend: str = "auto") -> tuple[Tensor, Tensor]:
+           graph: Optional[tuple], backend: str = "auto",
+           cue: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Steps 2-6 for raw signals ``x`` of queries laid out as ``lay`` (the sweep reuses
-    one ``x`` for many settings); see :func:`score`."""
+    one ``x`` for many settings), plus ``p.time_beta`` times the time ``cue``; see
+    :func:`score`."""
     valid = lay.valid.to(dev)
     _refuse_non_finite(x, valid[:, None, :].expand_as(x), "signal values")
     blocks = None
@@ -290,6 +309,8 @@ def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
     s = read_path(x, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
                   node_base=lay.start * N_GRAN, query_conversation=lay.conv, blocks=blocks,
                   backend=backend)
+    if cue is not None and p.time_beta:
+        s = s + p.time_beta * cue.to(s.dtype)
     _refuse_non_finite(s, valid, "scores")
     return s.masked_fill(~valid, float("-inf")), lay.n
 

@@ -44,8 +44,10 @@ class Retrieval:
 def question_batch(index, qi: Tensor) -> QueryBatch:
     """The :class:`QueryBatch` of questions ``qi`` of the index."""
     lex = getattr(index, "lexical", None)
+    qs = [index.questions[i] for i in qi.tolist()]
     return QueryBatch(index.q_emb[qi], index.q_conv[qi],
-                      lex.queries.rows(qi) if lex is not None else None)
+                      lex.queries.rows(qi) if lex is not None else None,
+                      [q.text for q in qs], [q.date for q in qs])
 
 
 def _question_index(index, questions) -> Tensor:
@@ -113,7 +115,8 @@ class SearchResult:
 
 def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[str],
            k: int = 10, method: str = "memgas_hybrid", encoder=None, evidence: int = 3,
-           device: Optional[str] = None, **settings) -> list:
+           device: Optional[str] = None, question_date: Optional[str] = None,
+           **settings) -> list:
     """Rank the sessions of a conversation for new query texts.
 
     Args:
@@ -127,6 +130,8 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
         evidence: best turns returned per session (by ``<query, turn>`` when the index
             keeps turn embeddings, else by BM25).
         device: where to compute.
+        question_date: when the queries are asked (any date format; anchors relative
+            time expressions such as "last week" for the time cue).
 
     Returns:
         One :class:`SearchResult` per query.
@@ -147,7 +152,8 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
     enc = index.query_encoder(encoder)
     q_emb = enc.encode(queries, progress=False).float().cpu()
     lex = getattr(index, "lexical", None)
-    batch = QueryBatch(q_emb, ci, lex.encode_queries(queries) if lex is not None else None)
+    batch = QueryBatch(q_emb, ci, lex.encode_queries(queries) if lex is not None else None,
+                       queries, [question_date] * len(queries))
     scores, n = score(index, batch, p, device)
     scores, ranks = scores.cpu(), ops.rank_sessions(scores, n).cpu()
     out = []

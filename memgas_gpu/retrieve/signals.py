@@ -43,11 +43,15 @@ class QueryBatch:
         q_conv: ``[Q]`` int64 conversation index of each query.
         q_terms: a :class:`~memgas_gpu.lexical.TermMatrix` with one row per query, or
             None (lexical signals then unavailable).
+        q_text: the query texts (the time cue reads their date expressions), or None.
+        q_date: the date each query was asked (``None`` entries allowed), or None.
     """
 
     q_emb: Tensor
     q_conv: Tensor
     q_terms: Any = None
+    q_text: Optional[list] = None
+    q_date: Optional[list] = None
 
     def __len__(self) -> int:
         return int(self.q_conv.numel())
