@@ -254,7 +254,7 @@ def test_cli_scale_preset_is_overridden_by_explicit_options(tmp_path):
 # ---- round trip through the project loader ------------------------------------------
 def test_loads_through_load_dataset(tmp_path):
     load_dataset = pytest.importorskip("memgas_gpu").load_dataset
-    path = _write(tmp_path, abstention_rate=0.25)
+    path = _write(tmp_path, abstention_rate=0.25, distractor_rate=0.3)
     raw = json.loads(path.read_text())
     ds = load_dataset(path)
     assert len(ds.conversations) == len(raw)
