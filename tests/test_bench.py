@@ -52,14 +52,28 @@ def test_measure_rounds_and_peak_memory():
 
 
 def test_costs_and_limits():
+    """Hand-computed counts (the docstrings' formulas worked out on small numbers)."""
     # BERT-base: ~0.19 GFLOP per token in a 512-token window (DESIGN.md)
     per_token = encode_cost([512], 12, 768, 3072) / 512
     assert 0.17e9 < per_token < 0.21e9
+    # 1 layer, h=2, i=3, one window of 2 tokens: 2 * 2 * (4*4 + 2*2*3) + 4*1*2*2*2 = 144
+    assert encode_cost([2], 1, 2, 3) == 144.0
+    # 7 sessions, skip 5: sessions 5 and 6 compare their 4 nodes with 4*5 and 4*6 earlier
+    # nodes: 16 * (5 + 6) = 176 dot products of length 2 -> 704 FLOPs; bytes: 28 nodes
+    # * 2 dims * 4 B + 2 * 28 nodes * m=1 candidates * (4 + 8) B = 224 + 672
+    assert graph_cost(1, 7, 2, m=1) == (704.0, 896.0)
     flops, nbytes = graph_cost(500, 500, 768)
-    assert flops == pytest.approx(2 * 768 * 16 * sum(range(5, 500)) * 500)
-    assert limit_seconds(flops, nbytes) == pytest.approx(max(flops / 989e12, nbytes / 4.8e12))
-    f1, b1 = query_cost(500, 500, 768, nnz=20_000_000, n_nodes=1_000_000, n_conv=500)
-    assert f1 > 0 and b1 > 500 * 2000 * 768 * 4
+    assert flops == 1_532_805_120_000.0  # 2 * 768 * 16 * 124_740 * 500
+    assert nbytes == 500 * 500 * 4 * (768 * 4 + 2 * 30 * 12)
+    assert limit_seconds(989e12, 1.0) == pytest.approx(1.0)  # compute-bound
+    assert limit_seconds(1.0, 9.6e12) == pytest.approx(2.0)  # bandwidth-bound
+    # 2 queries, 3 sessions, d=4, one conversation (2 PPR rows), 5 iterations, 10 edges,
+    # 12 nodes: similarities 2*2*4*3*4 = 192 FLOPs and 2*4*3*4*4 = 384 B; PPR 2*5*10*2 =
+    # 200 FLOPs and 5 * (10 * (8 + 8*2) + 4*12*8*2) = 5040 B
+    assert query_cost(2, 3, 4, nnz=10, n_nodes=12, n_conv=1, iters=5) == (392.0, 5424.0)
+    # default iterations: ceil(log 1e-3 / log 0.2) = ceil(4.29) = 5
+    assert query_cost(1, 1, 1, nnz=1, n_nodes=1, n_conv=1, damping=0.2, tol=1e-3) == (
+        8.0 + 2 * 5, 16.0 + 5 * (1 * (8 + 8) + 4 * 1 * 8))
 
 
 def test_goals_and_ratios():

@@ -77,6 +77,9 @@ def test_few_sessions_no_edges():
 def test_skip_sessions_zero_and_first_session():
     E, s, _ = conversation(3, seed=1)
     e = association_edges(E, s, skip_sessions=0)
+    ref = reference_edges(E, s, skip_sessions=0)
+    assert len(ref) == 24  # sessions 1 and 2 link back; session 0 has no candidates
+    assert sorted(map(tuple, e.T.tolist())) == sorted(ref)
     assert (s[e[0]] > s[e[1]]).all() and (s[e[0]] > 0).all()
 
 

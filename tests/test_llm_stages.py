@@ -151,7 +151,8 @@ def test_same_id_different_content_gets_reference_key(server, tmp_path):
 
 # --- answers ------------------------------------------------------------------------
 def _retrieval_log(ds, path, qids, k=3):
-    """A hand-written `memgas eval --out` log: gold session first, then the next ones."""
+    """A hand-written `memgas eval --out` log: gold session first, then the others from
+    the last one back (so the log's order is not the dataset's), ``k + 2`` in all."""
     with open(path, "w", encoding="utf-8") as f:
         for c in ds:
             for q in c.questions:
@@ -159,7 +160,7 @@ def _retrieval_log(ds, path, qids, k=3):
                     continue
                 ids = [s.id for s in c.sessions]
                 gold = list(q.evidence_session_ids)
-                ranked = gold + [i for i in ids if i not in gold]
+                ranked = gold + [i for i in reversed(ids) if i not in gold]
                 items = [{"corpus_id": i, "timestamp": c.sessions[ids.index(i)].date}
                          for i in ranked[:k + 2]]
                 f.write(json.dumps({
@@ -169,6 +170,12 @@ def _retrieval_log(ds, path, qids, k=3):
                     "retrieval_results": {"query": q.text, "ranked_items": items,
                                           "metrics": {"session": {}, "turn": {}}}}) + "\n")
     return path
+
+
+def _log_ids(path) -> dict:
+    """question id -> ranked session ids of a retrieval log."""
+    return {r["question_id"]: [x["corpus_id"] for x in r["retrieval_results"]["ranked_items"]]
+            for r in map(json.loads, Path(path).read_text().splitlines())}
 
 
 QIDS = ("locomo26_q0", "locomo26_q1", "locomo26_q2", "locomo26_q5")
@@ -198,7 +205,7 @@ def test_answer_cli_end_to_end(server, lme, lme_sample_path, tmp_path):
     assert "Session Keyword:\n" in f0 and "Question Date: 9:55 am on 22 October, 2023" in f0
     for r in recs:
         assert r["hypothesis"].startswith("answer-") and r["filtered_context"]
-        assert len(r["retrieved_session_ids"]) == 2
+        assert r["retrieved_session_ids"] == _log_ids(log)[r["question_id"]][:2]
         ans_prompt = next(p for p in answers if r["filtered_context"] in p)
         assert r["hypothesis"] == rule_answer(ans_prompt)
     qa = json.loads((tmp_path / "hyp.qa.json").read_text())
@@ -214,7 +221,7 @@ def test_answer_cli_end_to_end(server, lme, lme_sample_path, tmp_path):
 
 
 def test_answer_no_filter(server, lme, lme_sample_path, tmp_path):
-    log = _retrieval_log(lme, tmp_path / "r.jsonl", QIDS[:2])
+    log = _retrieval_log(lme, tmp_path / "r.jsonl", QIDS[:2], k=6)
     res = _run(["answer", lme_sample_path, "--retrieval", log, "--no-filter", "--llm-model",
                 "fake", "--base-url", server.base_url, "--no-cache", "--out",
                 tmp_path / "h.jsonl"])
@@ -222,7 +229,8 @@ def test_answer_no_filter(server, lme, lme_sample_path, tmp_path):
     assert server.requests == 2
     assert not any("Filter the History" in p for p in server.prompts)
     rec = json.loads((tmp_path / "h.jsonl").read_text().splitlines()[0])
-    assert len(rec["retrieved_session_ids"]) == 5  # default top-k
+    assert len(_log_ids(log)[rec["question_id"]]) == 8
+    assert rec["retrieved_session_ids"] == _log_ids(log)[rec["question_id"]][:5]  # default 5
     assert rec["filtered_context"].count("### Session Date:") == 5
     assert "Session Summary" not in rec["filtered_context"]
 

@@ -254,7 +254,7 @@ def test_cli_scale_preset_is_overridden_by_explicit_options(tmp_path):
 # ---- round trip through the project loader ------------------------------------------
 def test_loads_through_load_dataset(tmp_path):
     load_dataset = pytest.importorskip("memgas_gpu").load_dataset
-    path = _write(tmp_path, abstention_rate=0.25)
+    path = _write(tmp_path, abstention_rate=0.25, distractor_rate=0.3)
     raw = json.loads(path.read_text())
     ds = load_dataset(path)
     assert len(ds.conversations) == len(raw)
@@ -267,9 +267,19 @@ def test_loads_through_load_dataset(tmp_path):
         gold = {g[len("answer_"):] for g in inst["answer_session_ids"]}
         assert set(q.evidence_session_ids) == gold
         assert gold <= {s.id for s in conv.sessions}
-        if all(hasattr(s, "has_answer") for s in conv.sessions):  # optional in the model
-            assert {s.id for s in conv.sessions if any(s.has_answer)} == gold
+        flagged = {sid[len("answer_"):] if sid.startswith("answer_") else sid
+                   for sid, sess in zip(inst["haystack_session_ids"], inst["haystack_sessions"])
+                   if any(m.get("has_answer") for m in sess)}
+        assert flagged == gold  # the planted messages, and only they, carry has_answer
     # pool sessions recur across conversations with identical content (dates differ
     # per haystack, as each instance has its own timeline)
     keys = [s.content_key for c in ds.conversations for s in c.sessions]
     assert len(set(keys)) < 0.5 * len(keys)
+    # without answer_session_ids the loader derives the gold sessions from the flags
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps([{k: v for k, v in inst.items() if k != "answer_session_ids"}
+                                for inst in raw]))
+    derived = load_dataset(bare)
+    assert [q.evidence_session_ids for q in derived.questions] == \
+        [q.evidence_session_ids for q in ds.questions]
+    assert sum(bool(q.evidence_session_ids) for q in ds.questions) >= len(raw) // 2

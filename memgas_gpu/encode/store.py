@@ -23,10 +23,15 @@ suffix of the original plan that starts on a batch boundary, so the resumed run
 forms the very same batches and produces the same bits for every key (on CPU with
 the same thread count; on CUDA as long as no out-of-memory split changes a batch).
 
-One writer at a time per folder; any number of readers.
+One writer at a time per folder; any number of readers. Writing holds an exclusive
+``fcntl`` lock on ``writer.lock`` in the folder (where ``fcntl`` exists): a second store
+that needs to write meanwhile, in this or another process, gets a :class:`StoreError`
+at once. Before writing, a store re-reads the manifest and takes up the shards another
+writer committed since it was opened, so writers that take turns lose nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,10 +45,16 @@ import torch
 from .._io import atomic_write
 from ..errors import MemgasError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, the manifest is still re-read
+    fcntl = None
+
 __all__ = ["EmbeddingStore", "StoreError", "text_key", "FORMAT", "VERSION"]
 
 FORMAT = "memgas-embedding-store"
 VERSION = 1
+LOCK_FILE = "writer.lock"
 _NP = {"float16": np.float16, "float32": np.float32}
 _ST = {"F16": np.float16, "F32": np.float32}
 
@@ -135,6 +146,13 @@ class EmbeddingStore:
 
     # ------------------------------------------------------------------ open
     def _open(self, path: Path) -> None:
+        man = self._read_manifest(path)
+        self._manifest = man
+        self.dim = man.get("dim")
+        for entry in man["shards"]:
+            self._attach(entry["file"])
+
+    def _read_manifest(self, path: Path) -> dict:
         try:
             man = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
@@ -152,10 +170,43 @@ class EmbeddingStore:
                 "use another folder or the matching encoder")
         if man.get("dtype") != self.dtype:
             raise StoreError(f"{path}: store dtype is {man.get('dtype')!r}, requested {self.dtype!r}")
+        return man
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Hold the folder's writer lock, then catch up with the manifest on disk."""
+        with open(self.dir / LOCK_FILE, "a+b") as lock:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise StoreError(
+                        f"{self.dir}: another store is writing to this folder (it holds "
+                        f"{LOCK_FILE}); one writer at a time: wait for it to finish, or use "
+                        "another folder") from None
+                except OSError:  # pragma: no cover - no locks on this file system
+                    pass
+            self._refresh()
+            yield
+
+    def _refresh(self) -> None:
+        """Take up the shards another writer committed since this store read the manifest."""
+        path = self.dir / "manifest.json"
+        if not path.exists():
+            return
+        man = self._read_manifest(path)
+        mine = self.shards
+        theirs = [e["file"] for e in man["shards"]]
+        if theirs == mine:
+            return
+        if theirs[:len(mine)] != mine:
+            raise StoreError(f"{path}: the shard list changed under this store (it had "
+                             f"{len(mine)} shards, the folder now lists {len(theirs)}, not "
+                             "starting with them); reopen the store")
         self._manifest = man
         self.dim = man.get("dim")
-        for entry in man["shards"]:
-            self._attach(entry["file"])
+        for name in theirs[len(mine):]:
+            self._attach(name)
 
     def _attach(self, name: str) -> None:
         mm, keys = _read_shard(self.dir / name)
@@ -269,6 +320,18 @@ class EmbeddingStore:
         missing = [k for k in first if k not in self._index]
         self.n_requested, self.n_distinct, self.n_encoded = len(texts), len(first), len(missing)
         if missing:
+            with self._writing():
+                missing = [k for k in missing if k not in self._index]
+                self.n_encoded = len(missing)
+                self._encode_missing(encoder, first, missing, token_budget, batch_size,
+                                     progress, on_commit)
+        if self.dim is None:
+            self.dim = int(encoder.dim)
+        return self.get(keys)
+
+    def _encode_missing(self, encoder, first, missing, token_budget, batch_size, progress,
+                        on_commit) -> None:
+        if missing:
             tok = encoder.tokenize([first[k] for k in missing])
             plan = encoder.plan(tok, sort_keys=missing, token_budget=token_budget, batch_size=batch_size)
             buf_keys: list[str] = []
@@ -285,9 +348,6 @@ class EmbeddingStore:
                 self._commit(buf_keys, buf, encoder)
                 if on_commit is not None:
                     on_commit(len(self._maps) - 1, len(buf_keys))
-        if self.dim is None:
-            self.dim = int(encoder.dim)
-        return self.get(keys)
 
     @property
     def dedup_ratio(self) -> float:
