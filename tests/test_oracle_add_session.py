@@ -50,11 +50,7 @@ def _same(a, b):
     assert a.rankings.tolist() == b.rankings.tolist()
 
 
-FROZEN = pytest.mark.xfail(strict=True, reason="issue 13/17: question terms frozen at build")
-
-
-@pytest.mark.parametrize("method", [pytest.param(m, marks=FROZEN) if m in LEXICAL else m
-                                    for m in METHODS])
+@pytest.mark.parametrize("method", METHODS)
 def test_add_session_equals_rebuild_every_method(grown_and_rebuilt, method):
     grown, rebuilt, new_q = grown_and_rebuilt
     a = grown.retrieve(method=method, device="cpu")

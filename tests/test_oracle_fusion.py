@@ -49,7 +49,7 @@ def tiny():
 
 
 def _scores(index, **settings):
-    r = index.retrieve(method="memgas_hybrid", device="cpu", **settings)
+    r = index.retrieve(method="memgas_hybrid", device="cpu", **{"time_beta": 0.0, **settings})
     return r.scores.double().numpy(), r.rankings.numpy()
 
 
@@ -74,9 +74,10 @@ def test_norms_by_hand(tiny, norm):
 
 
 def test_rrf_by_hand(tiny):
-    # ranks (0 = best) S: (0, 1, 2), U: (2, 0, 1); score = Σ_s w_s / (60 + rank_s)
+    # ranks (1 = best, Cormack et al.) S: (1, 2, 3), U: (3, 1, 2);
+    # score = Σ_s w_s / (60 + rank_s)
     got, _ = _scores(tiny, signals=SIG2, norm="none", router="uniform", fusion="rrf")
-    want = [(1 / 60 + 1 / 62) / 2, (1 / 61 + 1 / 60) / 2, (1 / 62 + 1 / 61) / 2]
+    want = [(1 / 61 + 1 / 63) / 2, (1 / 62 + 1 / 61) / 2, (1 / 63 + 1 / 62) / 2]
     np.testing.assert_allclose(got[0], want, atol=1e-9, rtol=0)
 
 
@@ -105,7 +106,8 @@ def test_seeds_by_hand(tiny, alpha, want):
     np.testing.assert_allclose(got[0], want, atol=1e-6, rtol=0)
     got_none, _ = _scores(tiny, signals=SIG2, norm="none", router="uniform", fusion="ppr",
                           graph="none", alpha=alpha)
-    np.testing.assert_allclose(got_none, got, atol=1e-9, rtol=0)
+    # PageRank over no edges: every node dangles and jumps back to the reset vector
+    np.testing.assert_allclose(got_none, got / got.sum(), atol=1e-9, rtol=0)
 
 
 # ----------------------------------------------------------------- numpy reference
@@ -145,15 +147,15 @@ def ref_fuse(raw: np.ndarray, signals, norm, router, temperature, fusion, alpha,
         return w @ z
     if fusion == "rrf":
         rank = np.argsort(np.argsort(-z, axis=1, kind="stable"), axis=1)
-        return (w[:, None] / (60.0 + rank)).sum(0)
+        return (w[:, None] / (60.0 + 1 + rank)).sum(0)  # rank 1 = best
     node = np.zeros(4 * n)
     for s, name in enumerate(signals):
         node[4 * np.arange(n) + NODE[name]] += w[s] * z[s]
     kth = np.sort(node)[::-1][min(alpha, node.size) - 1]
     node[node < kth] = 0
     node[node < 0] = 0
-    if fusion == "ppr" and graph is not None:
-        node = reference_ppr(graph, node, damping)
+    if fusion == "ppr":  # no graph: PageRank over no edges returns the normalised seeds
+        node = reference_ppr(graph, node, damping) if graph is not None else node / node.sum()
     return node.reshape(n, 4).sum(1)
 
 

@@ -17,7 +17,7 @@ from _standin import StandInEncoder, small_dataset
 bm25s = pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-RAW = dict(norm="none", router="uniform", fusion="sum")
+RAW = dict(norm="none", router="uniform", fusion="sum", time_beta=0.0)  # the raw signal
 
 
 def _signal(index, name, questions=None):
