@@ -23,6 +23,8 @@ __all__ = [
     "reference_router_weights",
     "reference_session_scores",
     "edges_to_csr",
+    "import_igraph",
+    "single_thread",
 ]
 
 
@@ -36,7 +38,7 @@ def _sklearn_gmm():
     return GaussianMixture
 
 
-def _igraph():
+def import_igraph():
     try:
         import igraph
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -65,7 +67,7 @@ def reference_gmm_accept(scores: np.ndarray) -> np.ndarray:
     return labels == int(np.argmax(gmm.means_))
 
 
-def _single_thread():
+def single_thread():
     """scikit-learn's thread pools only add overhead on 30-point fits (3x slower)."""
     try:
         from threadpoolctl import threadpool_limits
@@ -79,7 +81,7 @@ def _single_thread():
 def reference_gmm_accept_rows(rows) -> np.ndarray:
     """:func:`reference_gmm_accept` of every row of ``[B, k]`` (single-threaded)."""
     rows = np.asarray(rows)
-    with _single_thread():
+    with single_thread():
         return np.stack([reference_gmm_accept(r) for r in rows]) if len(rows) else \
             np.zeros(rows.shape, dtype=bool)
 
@@ -115,7 +117,7 @@ def reference_edges(node_emb, session_of_node, m: int = 30,
     start = _session_starts(_to_numpy(session_of_node))
     sess_rank = np.cumsum(np.r_[1, (start[1:] != start[:-1])]) - 1 if len(start) else start
     edges = []
-    with _single_thread():
+    with single_thread():
         _edges_loop(emb, start, sess_rank, m, skip_sessions, edges)
     return edges
 
@@ -148,7 +150,7 @@ def edges_to_csr(edges: Sequence[Tuple[int, int]], n: int):
 
 def reference_build_graph(node_emb, session_of_node, m: int = 30, skip_sessions: int = 5):
     """igraph ``Graph(n, edges, directed=False)`` of one conversation."""
-    ig = _igraph()
+    ig = import_igraph()
     n = len(_to_numpy(session_of_node))
     return ig.Graph(n=n, edges=reference_edges(node_emb, session_of_node, m, skip_sessions),
                     directed=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memgas_gpu.ops import gmm1d_accept
-from memgas_gpu.ops.gmm1d import _first_centre_table, _np_sum
+from memgas_gpu.ops.gmm1d import first_centre_table, _np_sum
 
 from _synth import gmm_rows, torch_single_thread  # noqa: F401
 
@@ -119,11 +119,11 @@ def test_degenerate_near_constant_rows_run():
     print(f"\ndegenerate rows (spread 1e-5): {agree:.1%} identical (not asserted)")
 
 
-def test_first_centre_table_matches_numpy():
+def testfirst_centre_table_matches_numpy():
     for n in range(1, 31):
         rs = np.random.RandomState(0)
         w = np.ones(n, dtype=np.float32)
-        assert _first_centre_table(30)[n] == rs.choice(n, p=w / w.sum())
+        assert first_centre_table(30)[n] == rs.choice(n, p=w / w.sum())
 
 
 def test_numpy_summation_order_is_bit_exact():

@@ -46,7 +46,7 @@ def reference_graph_seconds(node_emb, max_nodes: int, m: int = 30,
     Times ``max_nodes`` evenly spaced eligible nodes (all of them when fewer) and
     scales to all eligible nodes. Returns ``(seconds, timed_nodes, eligible_nodes)``.
     """
-    from ..reference import _single_thread, reference_gmm_accept
+    from ..reference import reference_gmm_accept, single_thread
 
     emb = node_emb.detach().cpu().numpy() if hasattr(node_emb, "detach") else node_emb
     eligible = np.arange(skip_sessions * N_GRAN, len(emb))
@@ -54,7 +54,7 @@ def reference_graph_seconds(node_emb, max_nodes: int, m: int = 30,
         return 0.0, 0, 0
     pick = eligible if len(eligible) <= max_nodes else \
         eligible[np.linspace(0, len(eligible) - 1, max_nodes).astype(int)]
-    with _single_thread():
+    with single_thread():
         reference_gmm_accept(np.linspace(0.0, 1.0, m))  # warm-up: imports, first-fit costs
         t0 = time.perf_counter()
         for i in pick:
@@ -196,9 +196,9 @@ def query_point(h: Haystacks, graph: tuple, q: torch.Tensor, qconv: torch.Tensor
 
 
 def _reference_queries(h, graph, q, qconv, ref_queries, size, sweep) -> Record:
-    from ..reference import _igraph, reference_session_scores
+    from ..reference import import_igraph, reference_session_scores
 
-    ig = _igraph()
+    ig = import_igraph()
     indptr, indices = graph
     per = h.n_sessions * N_GRAN
     Q = int(q.shape[0])

@@ -58,7 +58,7 @@ from torch import Tensor
 
 from .. import _native
 
-__all__ = ["gmm1d_accept"]
+__all__ = ["gmm1d_accept", "first_centre_table"]
 
 # RandomState(0) draws consumed by KMeans' k-means++ seeding (see module docstring).
 _U_FIRST = 0.5488135039273248
@@ -68,7 +68,7 @@ _LOG_2 = math.log(2.0)
 
 
 @lru_cache(maxsize=64)
-def _first_centre_table(m: int) -> tuple:
+def first_centre_table(m: int) -> tuple:
     """Index of the first k-means++ centre for every row length ``n <= m``.
 
     ``numpy.random.RandomState.choice(n, p=w / w.sum())`` with float32 unit weights:
@@ -153,7 +153,7 @@ def _kmeans_labels(x: Tensor, valid: Tensor, n: Tensor, max_iter: int, tol: floa
     xc = dev  # KMeans centres the data (X -= X.mean(axis=0)); same numbers as above
 
     # --- k-means++ seeding (distances upcast to float64, as scikit-learn does) -------
-    table = torch.tensor(_first_centre_table(m), device=x.device)
+    table = torch.tensor(first_centre_table(m), device=x.device)
     idx0 = table[n]
     x64 = xc.double()
     c0 = x64.gather(1, idx0[:, None])
@@ -368,7 +368,7 @@ def _gmm1d_native(xs: Tensor, n: Tensor, eps: float, tol: float, reg_covar: floa
     B, m = xs.shape
     xs = xs.contiguous()
     n = n.to(torch.int64).contiguous()
-    table = torch.tensor(_first_centre_table(m), dtype=torch.int64, device=xs.device)
+    table = torch.tensor(first_centre_table(m), dtype=torch.int64, device=xs.device)
     out = torch.empty(B, m, dtype=torch.uint8, device=xs.device)
     params = (float(eps), float(tol), float(reg_covar), int(max_iter), float(kmeans_tol),
               int(kmeans_max_iter))

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .. import _native
-from .gmm1d import _first_centre_table, gmm1d_accept
+from .gmm1d import first_centre_table, gmm1d_accept
 
 __all__ = ["association_edges", "build_association_graph", "symmetric_csr", "node_layout"]
 
@@ -243,7 +243,7 @@ def _association_edges_native(emb: Tensor, session_start: Tensor, ss_host: Tenso
     the ``m``-th score keeps the lowest node id.
     """
     dt = emb.dtype
-    table = torch.tensor(_first_centre_table(m), dtype=torch.int64)
+    table = torch.tensor(first_centre_table(m), dtype=torch.int64)
     params = (float(torch.finfo(dt).eps), 1e-3, 1e-6, 100, 1e-4, 300)
     threads = _native.n_threads()
     out: List[Tensor] = []

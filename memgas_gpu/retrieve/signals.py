@@ -130,12 +130,16 @@ def register(name: str, node: str, kind: str, compute: Callable,
 
 
 def _per_conversation(ctx: SignalContext):
-    """``(c, query positions, first row, last row)`` of each queried conversation."""
+    """``(c, query positions, first row, end row)`` of each queried conversation (one
+    stable sort, not one scan of the queries per conversation)."""
     conv = ctx.batch.q_conv.to(torch.int64).cpu()
-    offs = ctx.index.conv_offsets
-    for c in torch.unique(conv).tolist():
-        qs = torch.nonzero(conv == c).squeeze(1)
-        yield c, qs, int(offs[c]), int(offs[c + 1])
+    order = torch.argsort(conv, stable=True)
+    convs, counts = torch.unique_consecutive(conv[order], return_counts=True)
+    offs = ctx.index.conv_offsets.tolist()
+    o = 0
+    for c, k in zip(convs.tolist(), counts.tolist()):
+        yield c, order[o:o + k], offs[c], offs[c + 1]
+        o += k
 
 
 def _dense_nodes(ctx: SignalContext, names: Sequence[str]) -> dict:
