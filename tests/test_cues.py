@@ -127,3 +127,40 @@ def test_speaker_signal_is_bm25_with_the_named_speakers_messages_repeated(locomo
                                    atol=1e-4)
         checked += 1
     assert checked >= 20
+
+
+def test_engine_speaker_cue_equals_bm25s_with_the_named_speaker_repeated(locomo_index):
+    """The read path's ``speaker_gamma`` (read from the index's own turn texts, no dataset)
+    gives bm25_Tmax for questions naming no single speaker, and BM25 over turns with the
+    named speaker's messages counted 1 + gamma times otherwise (bm25s oracle)."""
+    bm25s = pytest.importorskip("bm25s")
+    from memgas_gpu.retrieve import retrieve
+
+    ds, idx = locomo_index
+    conv = ds[0]
+    raw = dict(signals=("bm25_Tmax",), norm="none", router="uniform", fusion="sum",
+               time_beta=0.0)
+    plain = retrieve(idx, method="memgas_hybrid", device="cpu", speaker_gamma=0.0, **raw)
+    cue = retrieve(idx, method="memgas_hybrid", device="cpu", speaker_gamma=2.0, **raw)
+    tok = idx.lexical.tokenizer
+    names = ["Gina", "Jon"]
+    owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
+    n = len(conv.sessions)
+    named_any = 0
+    for i, q in enumerate(conv.questions[:40]):
+        named = named_speakers(q.text, names)
+        if sum(named) != 1:
+            assert torch.equal(cue.scores[i], plain.scores[i])
+            continue
+        who_named = names[named.index(True)]
+        docs = [[x for who, text in split_messages(t)
+                 for x in tok(f"{who} {text}") * (3 if who == who_named else 1)]
+                for s in conv.sessions for t in s.turns]
+        r = bm25s.BM25()
+        r.index(docs, show_progress=False)
+        qt = [x for x in tok(q.text) if x in r.vocab_dict]
+        best = np.zeros(n)
+        np.maximum.at(best, owner, r.get_scores(qt) if qt else np.zeros(len(docs)))
+        np.testing.assert_allclose(cue.scores[i, :n].numpy(), best, rtol=1e-4, atol=1e-4)
+        named_any += 1
+    assert named_any >= 20

@@ -101,3 +101,24 @@ def test_granularity_home():
     assert node_ids(torch.tensor([1, 3]), "turn").tolist() == [5, 13]
     owner, ids = expand_ranges(torch.tensor([0, 2, 2, 5]), torch.tensor([2, 0]))
     assert owner.tolist() == [0, 0, 0, 1, 1] and ids.tolist() == [2, 3, 4, 0, 1]
+
+
+def test_time_cue_by_hand(locomo_index):
+    """conv-30: "on 1 February, 2023" is session_3's date (12:48 am on 1 February, 2023);
+    no session is dated May 23, 2023; questions without a date get nothing."""
+    _, idx = locomo_index
+    on = retrieve(idx, method="memgas_hybrid", device="cpu", time_beta=2.0)
+    off = retrieve(idx, method="memgas_hybrid", device="cpu", time_beta=0.0)
+    diff = on.scores - off.scores
+    texts = [q.text for q in idx.questions]
+    feb = texts.index("What did Gina find for her clothing store on 1 February, 2023?")
+    may = texts.index("What kind of professional experience did Gina get accepted for on "
+                      "May 23, 2023?")
+    want = torch.zeros(19, dtype=diff.dtype)
+    want[2] = 2.0
+    torch.testing.assert_close(diff[feb], want, rtol=0, atol=1e-9)
+    assert diff[may].abs().max() < 1e-9
+    undated = [i for i, t in enumerate(texts) if not any(m in t for m in (
+        "2022", "2023", "2024", "January", "February", "March", "April", "May", "June",
+        "July", "August", "September", "October", "November", "December"))]
+    assert len(undated) > 90 and diff[undated].abs().max() < 1e-9

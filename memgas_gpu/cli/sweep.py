@@ -89,7 +89,8 @@ def format_ranked(rows: list, ks, top: int) -> str:
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--grid", "grid_specs", multiple=True, metavar="KEY=V1,V2",
               help="A grid axis (repeat); KEY in signals, norm, temperature, router, alpha, "
-                   "damping, fusion, graph, k1, b, bm25_method, stopwords, time_beta. Signal sets are "
+                   "damping, fusion, graph, k1, b, bm25_method, stopwords, time_beta, speaker_gamma. "
+                   "Signal sets are "
                    "'+'-joined names or all|lexical|dense|default|extractive, separated by ';'.")
 @click.option("--method", default="memgas_hybrid", show_default=True,
               help="The preset whose settings the grid varies.")

@@ -29,9 +29,10 @@ __all__ = ["GRID_KEYS", "BM25_KEYS", "PLAIN_BM25", "signal_set", "run_sweep", "r
 #: grid keys and their value types (:class:`ReadParams` fields, plus ``stopwords``)
 GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "alpha": int,
              "damping": float, "fusion": str, "graph": str, "k1": float, "b": float,
-             "bm25_method": str, "stopwords": str, "time_beta": float}
+             "bm25_method": str, "stopwords": str, "time_beta": float,
+             "speaker_gamma": float}
 #: keys that change the raw signals (the rest only change the fusion)
-BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
+BM25_KEYS = ("k1", "b", "bm25_method", "stopwords", "speaker_gamma")
 #: the plain BM25 baseline row: session text, ``bm25s``'s tokenizer defaults (needs DATA)
 PLAIN_BM25 = "bm25 (bm25s defaults)"
 
@@ -124,8 +125,10 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
         lexb = batch
         if lexical is not None:
             lexb = type(batch)(batch.q_emb, batch.q_conv, lexical.queries.rows(qi))
-        ctx = SignalContext(index, lexb, lay, dev, bp.get("k1", 1.5), bp.get("b", 0.75),
-                            bp.get("bm25_method", "lucene"), lexical)
+        base = resolve(index, method)[0]
+        ctx = SignalContext(index, lexb, lay, dev, bp.get("k1", base.k1), bp.get("b", base.b),
+                            bp.get("bm25_method", base.bm25_method), lexical,
+                            bp.get("speaker_gamma", base.speaker_gamma))
         return compute_signals(ctx, which)
 
     for bvals in itertools.product(*(grid[k] for k in bm25_axes)):

@@ -336,8 +336,8 @@ def time_tensors(index) -> tuple[Tensor, Tensor, Tensor]:
 
 def _session_days(index) -> list:
     """Per conversation: its session dates in days (NaN: unreadable) and its latest date;
-    cached on the index, keyed by its sessions (add/remove_session change the key)."""
-    key = tuple((c.id, len(c.session_dates)) for c in index.conversations)
+    cached on the index per version (add/remove_session change it)."""
+    key = getattr(index, "version", 0)
     cache = getattr(index, "_cue_days", None)
     if cache is None or cache[0] != key:
         out = []
@@ -373,3 +373,114 @@ def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
     f = torch.float64
     return time_affinity(torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), sd,
                          layout.valid)
+
+
+def speaker_data_of(index, conversations: Sequence[int]) -> tuple[SpeakerData, list]:
+    """:class:`SpeakerData` of some conversations of ``index``, read from its stored turn
+    texts (no dataset needed), and their speaker names (``names[c]`` per conversation
+    index; conversations not asked for get ``[]``)."""
+    from ..lexical import TermMatrix
+
+    lex = index.lexical
+    if lex is None or index.turn_text is None:
+        raise ValueError("the speaker cue needs an index built with lexical=True and "
+                         "keep_text=True (it reads the turns' speakers)")
+    tptr = lex.doc_ptr["T"]
+    ids, rows, turns, spk = [], [], [], []
+    names_of: list = [[] for _ in range(index.n_conversations)]
+    offs = index.conv_offsets.tolist()
+    for ci in conversations:
+        names: list[str] = []
+        for r in range(offs[ci], offs[ci + 1]):
+            slot = int(index.row_slot[r])
+            first, t0 = int(tptr[slot]), int(index.turn_ptr[slot])
+            for ti in range(int(index.turn_ptr[slot + 1]) - t0):
+                for who, text in split_messages(index.turn_text[t0 + ti]):
+                    if who and who not in names:
+                        names.append(who)
+                    ids.append(lex.vocab.encode(lex.tokenizer.tokens(f"{who} {text}"),
+                                                grow=False))
+                    rows.append(r)
+                    turns.append(first + ti)
+                    spk.append(names.index(who) if who else -1)
+        names_of[ci] = names
+    long = torch.long
+    data = SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=long),
+                       torch.tensor(turns, dtype=long), torch.tensor(spk, dtype=long),
+                       names_of, torch.zeros(0, max((len(n) for n in names_of), default=0),
+                                             dtype=torch.bool))
+    return data, names_of
+
+
+def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, layout,
+                        gamma: float, k1: float = 1.5, b: float = 0.75,
+                        method: str = "lucene", device: Optional[str] = None) -> Tensor:
+    """``bm25_Tmax`` with the speaker cue, for queries given as texts and term counts:
+    a query that names exactly one speaker of its conversation scores the turns with
+    that speaker's messages counted ``1 + gamma`` times; other queries get exactly
+    ``bm25_Tmax``.  Only the conversations of queries naming a speaker are re-weighted.
+
+    Returns:
+        ``[Q, layout.n_max]`` float32 (0 past a conversation's end).
+    """
+    from ..lexical import BM25Params, lexical_signals
+
+    dev = torch.device(device or "cpu")
+    out = lexical_signals(index, names=["bm25_Tmax"], params=BM25Params(k1, b, method),
+                          device=str(dev), queries=q_terms,
+                          query_conversation=q_conv)["bm25_Tmax"]
+    conv = q_conv.to(torch.long).cpu()
+    cand = sorted(set(conv.tolist()))
+    if not cand or gamma <= 0:
+        return out
+    speakers = _speakers(index, cand)
+    variant = torch.full((len(texts),), -1, dtype=torch.long)
+    for j, t in enumerate(texts):
+        hit = named_speakers(t, speakers[int(conv[j])]) if speakers[int(conv[j])] else []
+        if sum(hit) == 1:
+            variant[j] = hit.index(True)
+    pick = sorted({int(conv[j]) for j in torch.nonzero(variant >= 0).squeeze(1).tolist()})
+    if not pick:
+        return out
+    data, _ = speaker_data_of(index, pick)
+    P = int(variant.max()) + 1
+    data.named = torch.zeros(0, P, dtype=torch.bool)
+    w = speaker_bm25(index, data, gamma, "T", k1, b, method, str(dev))
+    n_max = layout.n_max
+    for v in range(P):
+        sel = torch.nonzero(variant == v).squeeze(1)
+        if not sel.numel():
+            continue
+        W, key = w.weights[v]
+        qm = q_terms.rows(sel).to(dev)
+        S = bm25_scores(W, key, w.n_terms, qm.indptr, qm.indices, qm.tf, conv[sel].to(dev))
+        q, d = S.indices()
+        blk = torch.zeros(sel.numel(), n_max, dtype=torch.float32, device=dev)
+        blk.view(-1).scatter_reduce_(0, q * n_max + w.doc_pos[d], S.values().float(), "amax")
+        out[sel.to(dev)] = blk
+    return out
+
+
+def _speakers(index, conversations: Sequence[int]) -> list:
+    """Speaker names per conversation index (from the ``[name]:`` prefixes of its turns),
+    cached on the index per version."""
+    key = getattr(index, "version", 0)
+    cache = getattr(index, "_cue_speakers", None)
+    if cache is None or cache[0] != key:
+        cache = (key, {})
+        index._cue_speakers = cache
+    got = cache[1]
+    offs = index.conv_offsets.tolist()
+    for ci in conversations:
+        if ci in got:
+            continue
+        names: list = []
+        for r in range(offs[ci], offs[ci + 1]):
+            slot = int(index.row_slot[r])
+            for t in range(int(index.turn_ptr[slot]), int(index.turn_ptr[slot + 1])):
+                for m in _MSG.finditer(index.turn_text[t]):
+                    who = m.group(1).strip()
+                    if who and who not in names:
+                        names.append(who)
+        got[ci] = names
+    return [got.get(c, []) for c in range(index.n_conversations)]

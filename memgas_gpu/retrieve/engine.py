@@ -97,6 +97,9 @@ class ReadParams:
         graph: ``"dense"``, ``"topk"``, ``"lexical"``, ``"both"`` or ``"none"``.
         topk: edges per node of the ``"topk"`` graph (the ``no_gmm`` ablation).
         k1, b, bm25_method: BM25 settings (bm25s defaults).
+        speaker_gamma: speaker cue of ``bm25_Tmax``: when a query names exactly one
+            speaker of its conversation, that speaker's messages count ``1 + gamma``
+            times in the turn documents (0: off; :mod:`memgas_gpu.retrieve.cues`).
         time_beta: weight of the time cue added to the fused score: ``time_beta`` times
             1 for a session dated inside the interval of the query's date expression
             ("in May 2023", "on 7 July, 2023"; relative ones with a query date), else 0
@@ -115,6 +118,7 @@ class ReadParams:
     k1: float = 1.5
     b: float = 0.75
     bm25_method: str = "lucene"
+    speaker_gamma: float = 0.0
     time_beta: float = 0.0
 
     def check(self) -> "ReadParams":
@@ -141,6 +145,7 @@ class ReadParams:
                        temperature=_finite("temperature", self.temperature, 0, lo_open=True),
                        damping=_finite("damping", self.damping, 0, 1),
                        k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1),
+                       speaker_gamma=_finite("speaker_gamma", self.speaker_gamma, 0),
                        time_beta=_finite("time_beta", self.time_beta, 0))
 
     def describe(self) -> dict:
@@ -168,7 +173,7 @@ PRESETS: dict[str, ReadParams] = {
     "concat": _flat("dense_concat"),
     "bm25": _flat("bm25_S"),
     "memgas_hybrid": ReadParams(signals="auto", norm="z", router="inverse", temperature=1.0,
-                                fusion="sum", time_beta=2.0),
+                                fusion="sum", speaker_gamma=1.0, time_beta=2.0),
 }
 METHODS = tuple(PRESETS)
 _FIELDS = {f.name for f in fields(ReadParams)}
@@ -277,7 +282,8 @@ def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     lay = query_layout(index.conv_offsets, batch.q_conv)
-    ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical)
+    ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,
+                        p.speaker_gamma)
     x = compute_signals(ctx, p.signals)
     cue = time_cue(index, batch, lay, dev) if p.time_beta else None
     return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend, cue)

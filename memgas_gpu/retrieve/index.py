@@ -74,6 +74,8 @@ class MemoryIndex:
         self.turn_ptr = turn_ptr
         #: optional turn texts, aligned with ``turn_ptr`` (evidence shown by ``search``)
         self.turn_text = turn_text
+        #: incremented by every add_session / remove_session (keys derived caches)
+        self.version = 0
         self._encoder = None
 
     # ------------------------------------------------------------------ building
@@ -321,6 +323,7 @@ class MemoryIndex:
         meta.session_dates.append(session.date)
         for key in list(self.graphs):
             self.graphs[key] = self._grow_graph(self.graphs[key], ci, r, key)
+        self.version += 1
 
     def _grow_graph(self, graph, ci: int, r: int, key: str):
         """``graph`` with row ``r`` (the new last session of conversation ``ci``) linked:
@@ -381,6 +384,7 @@ class MemoryIndex:
                                                  self.n_rows * N_GRAN)
         if self.lexical is not None:
             self.lexical.invalidate()
+        self.version += 1
 
     def _drop_slot(self, slot: int) -> None:
         """Remove distinct session ``slot`` (no row uses it) from every table."""

@@ -99,6 +99,7 @@ class SignalContext:
     b: float = 0.75
     bm25_method: str = "lucene"
     lexical: Any = None
+    speaker_gamma: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,22 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     if ctx.batch.q_terms is None:
         raise ValueError("lexical signals need the queries' term counts (an index built "
                          "with lexical=True)")
-    return lexical_signals(ctx.index, names=list(names),
-                           params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
-                           device=str(ctx.device), queries=ctx.batch.q_terms,
-                           query_conversation=ctx.batch.q_conv, lexical=ctx.lexical)
+    cue = (ctx.speaker_gamma > 0 and "bm25_Tmax" in names and ctx.lexical is None
+           and ctx.batch.q_text is not None)
+    plain = [n for n in names if not (cue and n == "bm25_Tmax")]
+    out = lexical_signals(ctx.index, names=plain,
+                          params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
+                          device=str(ctx.device), queries=ctx.batch.q_terms,
+                          query_conversation=ctx.batch.q_conv,
+                          lexical=ctx.lexical) if plain else {}
+    if cue:
+        from .cues import speaker_turn_signal
+
+        out["bm25_Tmax"] = speaker_turn_signal(ctx.index, ctx.batch.q_text, ctx.batch.q_conv,
+                                               ctx.batch.q_terms, ctx.layout,
+                                               ctx.speaker_gamma, ctx.k1, ctx.b,
+                                               ctx.bm25_method, str(ctx.device))
+    return out
 
 
 for _g in ("S", "T", "U", "K"):
