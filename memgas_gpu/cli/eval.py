@@ -99,5 +99,8 @@ def _settings(params: dict) -> str:
     """One line of the settings a method ran with (and why, for auto signals)."""
     keys = ("signals", "norm", "router", "temperature", "fusion", "alpha", "damping", "graph")
     line = ", ".join(f"{k}={params[k]}" for k in keys if k in params)
-    rule = params.get("signals_rule")
-    return line + (f"; signals=auto: {rule['reason']}" if rule else "")
+    rule = params.get("signals_rule") or {}
+    notes = [f"signals=auto: {rule['reason']}"] if "reason" in rule else []
+    if "speaker_gamma" in rule:
+        notes.append(f"speaker cue {rule['speaker_gamma']}")
+    return "; ".join([line] + notes)

@@ -197,8 +197,9 @@ def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
     """The checked settings of ``method`` (its preset, or ``params``) with ``overrides``.
 
     Returns:
-        ``(params, info)``: ``info`` says how ``signals="auto"`` was resolved (empty
-        when it was not used).
+        ``(params, info)``: ``info`` says how ``signals="auto"`` was resolved, and that
+        the speaker cue was switched off for an index without turn texts (empty when
+        neither applies).
     """
     if method not in PRESETS:
         raise SettingsError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -212,6 +213,10 @@ def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
         sig, why = auto_signals(index)
         p = replace(p, signals=sig)
         info = {"signals": "auto", "resolved": "+".join(sig), "reason": why}
+    if (p.speaker_gamma and "bm25_Tmax" in p.signals and index is not None
+            and getattr(index, "turn_text", None) is None):
+        p = replace(p, speaker_gamma=0.0)
+        info["speaker_gamma"] = "off: the index keeps no turn texts (built with keep_text=False)"
     return p, info
 
 
