@@ -139,3 +139,28 @@ def parse_ks(value: str) -> tuple:
     if not ks or ks[0] < 1:
         raise click.BadParameter("cut-offs must be positive integers")
     return ks
+
+
+def parse_settings(specs) -> dict:
+    """``("time_beta=0", "fusion=ppr")`` → read-path settings (``ReadParams`` fields,
+    typed like their defaults; validated later by the engine)."""
+    from dataclasses import fields
+
+    from ..retrieve import ReadParams
+
+    types = {f.name: type(f.default) for f in fields(ReadParams)}
+    out = {}
+    for spec in specs:
+        key, sep, val = spec.partition("=")
+        key = key.strip()
+        if not sep or key not in types:
+            raise click.BadParameter(f"expected KEY=VALUE with KEY in {', '.join(types)}; "
+                                     f"got {spec!r}", param_hint="--set")
+        kind = types[key]
+        try:
+            out[key] = (val if kind in (str, tuple) else
+                        int(val) if kind is int else float(val))
+        except ValueError:
+            raise click.BadParameter(f"{key} takes a number, got {val!r}",
+                                     param_hint="--set") from None
+    return out

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options, parse_ks, ray_or_exit
+from ._common import (build_index, build_options, dataset_options, parse_ks, parse_settings,
+                      ray_or_exit)
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -30,6 +31,9 @@ KS = (1, 3, 5, 10, 30, 50)
               help="Seed nodes kept for PageRank [default: preset, 15].")
 @click.option("--damping", type=float, default=None,
               help="Probability of following an edge [default: preset, 0.1].")
+@click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
+              help="Any read-path setting (repeat), e.g. --set time_beta=0 --set fusion=ppr "
+                   "(docs/algorithm.md lists them).")
 @click.option("--signals", default=None,
               help="Signals ('+'-joined names) replacing the preset's; memgas_hybrid's "
                    "default 'auto' is chosen by a rule that is printed and recorded.")
@@ -42,8 +46,8 @@ KS = (1, 3, 5, 10, 30, 50)
               help="When SOURCE is a dataset: also save the built index here.")
 @dataset_options
 @build_options
-def eval_cmd(source, methods, router, temperature, alpha, damping, signals, ks, out,
-             save_index, **opts) -> None:
+def eval_cmd(source, methods, router, temperature, alpha, damping, set_specs, signals, ks,
+             out, save_index, **opts) -> None:
     """Evaluate retrieval on an index folder (or a dataset, indexed first)."""
     from ..eval import evaluate, format_table, write_logs
     from ..retrieve import MemoryIndex, resolve, retrieve
@@ -51,7 +55,8 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, signals, ks, 
     ks = parse_ks(ks)
     settings = {"temperature": temperature, "alpha": alpha, "damping": damping,
                 "router": router, "signals": signals}
-    settings = {k: v for k, v in settings.items() if v is not None}
+    settings = {**parse_settings(set_specs),
+                **{k: v for k, v in settings.items() if v is not None}}
     src = Path(source)
     if (src / "manifest.json").exists():
         idx = MemoryIndex.load(src)

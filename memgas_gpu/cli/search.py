@@ -5,6 +5,7 @@ import json
 
 import click
 
+from ._common import parse_settings
 from .eval import METHODS
 
 
@@ -19,9 +20,14 @@ from .eval import METHODS
               show_default=True, help="Retrieval method.")
 @click.option("--evidence", type=click.IntRange(0), default=2, show_default=True,
               help="Best-matching turns shown per session.")
+@click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
+              help="Any read-path setting (repeat), e.g. --set time_beta=0.")
+@click.option("--date", "question_date", default=None,
+              help="When the questions are asked (anchors 'last week' for the time cue).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per question.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda if available).")
-def search(index_dir, queries, conversation, k, method, evidence, as_json, device) -> None:
+def search(index_dir, queries, conversation, k, method, evidence, set_specs, question_date,
+           as_json, device) -> None:
     """Rank the sessions of one conversation for new QUERIES (encoded with the index's
     own encoder)."""
     from ..retrieve import MemoryIndex
@@ -31,7 +37,8 @@ def search(index_dir, queries, conversation, k, method, evidence, as_json, devic
         raise click.BadParameter(f"no conversation {conversation!r} in {index_dir}",
                                  param_hint="--conversation")
     results = idx.search(conversation, list(queries), k=k, method=method, evidence=evidence,
-                         device=device)
+                         device=device, question_date=question_date,
+                         **parse_settings(set_specs))
     for q, r in zip(queries, results):
         if as_json:
             click.echo(json.dumps({"query": q, **r.to_dict()}, ensure_ascii=False,
