@@ -204,7 +204,7 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         gp = lexical_postings(index, g, p, dev, max_nnz)
         q, doc, val = bm25_gather(gp.post, qm.indptr, qm.indices, qm.tf, conv_d)
         val = val.float()
-        flat = q * n_max + gp.doc_session[doc]
+        flat = gp.doc_session.index_select(0, doc).add_(q * n_max)
         for name in names:
             if _GRAN[name] != g:
                 continue
@@ -216,7 +216,7 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
                 qd, dd = key // n_docs, key % n_docs
                 o.scatter_reduce_(0, qd * n_max + gp.doc_session[dd], turn, "amax")
             elif name == "bm25_Tmean":
-                o.index_add_(0, flat, val * gp.doc_weight[doc])
+                o.index_add_(0, flat, val * gp.doc_weight.index_select(0, doc))
             else:
                 o.index_add_(0, flat, val)
     return out

@@ -206,22 +206,31 @@ def bm25_gather(post: BM25Postings, q_indptr: Tensor, q_indices: Tensor, q_tf: T
         ``(q, doc, value)``: ``[P]`` int64, ``[P]`` int64 and ``[P]`` (``post.score``'s
         dtype), on ``post``'s device.
     """
+    # index_select, not t[idx]: on the CPU, advanced indexing of 1-D tensors was 15x
+    # slower (2.3 ms vs 0.15 ms for 100k postings, 1 thread)
     dev = post.score.device
     Q = q_indptr.numel() - 1
     q_indptr = q_indptr.to(dev)
     qrow = torch.repeat_interleave(torch.arange(Q, device=dev), q_indptr[1:] - q_indptr[:-1])
-    key = q_group.to(device=dev, dtype=torch.int64)[qrow] * post.n_terms + \
+    key = q_group.to(device=dev, dtype=torch.int64).index_select(0, qrow) * post.n_terms + \
         q_indices.to(device=dev, dtype=torch.int64)
     n_cols = post.col_key.numel()
     if n_cols == 0 or key.numel() == 0:
         e = torch.zeros(0, dtype=torch.int64, device=dev)
         return e, e, post.score.new_zeros(0)
-    pos = torch.searchsorted(post.col_key, key).clamp_max(n_cols - 1)
-    hit = post.col_key[pos] == key
-    start = post.col_ptr[pos]
-    cnt = torch.where(hit, post.col_ptr[pos + 1] - start, torch.zeros_like(start))
-    owner = torch.repeat_interleave(torch.arange(key.numel(), device=dev), cnt)
-    first = torch.cumsum(cnt, 0) - cnt
-    src = start[owner] + torch.arange(owner.numel(), device=dev) - first[owner]
-    val = post.score[src] * q_tf.to(device=dev, dtype=post.score.dtype)[owner]
-    return qrow[owner], post.doc[src], val
+    pos = torch.searchsorted(post.col_key, key).clamp_max_(n_cols - 1)
+    hit = post.col_key.index_select(0, pos) == key
+    start = post.col_ptr.index_select(0, pos)
+    cnt = torch.where(hit, post.col_ptr.index_select(0, pos + 1) - start,
+                      torch.zeros_like(start))
+    ends = torch.cumsum(cnt, 0)
+    n_post = int(ends[-1])
+    owner = torch.repeat_interleave(torch.arange(key.numel(), device=dev), cnt,
+                                    output_size=n_post)
+    # source posting of output slot k: start[owner] + (k - first[owner])
+    src = torch.arange(n_post, device=dev).add_((start - (ends - cnt)).index_select(0, owner))
+    val = post.score.index_select(0, src)
+    qtf = q_tf.to(device=dev, dtype=post.score.dtype)
+    if not bool((qtf == 1).all()):  # most question terms occur once
+        val.mul_(qtf.index_select(0, owner))
+    return qrow.index_select(0, owner), post.doc.index_select(0, src), val
