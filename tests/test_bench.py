@@ -62,6 +62,27 @@ def test_costs_and_limits():
     assert f1 > 0 and b1 > 500 * 2000 * 768 * 4
 
 
+def test_bandwidth_limit_rows():
+    from memgas_gpu.bench.bandwidth import bandwidth_rows, measure_bandwidth
+    from memgas_gpu.bench.report import bandwidth_table
+
+    bw = measure_bandwidth("cpu", nbytes=1 << 20, rounds=2)
+    assert bw["copy"] > 0 and bw["triad"] > 0 and bw["buffer_bytes"] == 1 << 20
+    bw = {"copy": 12e9, "triad": 10e9, "buffer_bytes": 1 << 28, "threads": 1}
+    recs = [_rec("query", "ours", {"haystacks": 64, "sessions": 500}, [0.05], bytes=2e8,
+                 headline=True),
+            _rec("bm25", "ours", {"haystacks": 64, "sessions": 500}, [0.002], bytes=1e6),
+            _rec("graph", "ours", {"haystacks": 64, "sessions": 500}, [1.0], bytes=1e9),
+            _rec("query", "reference", {"haystacks": 64, "sessions": 500}, [1.0], bytes=2e8)]
+    q, b = bandwidth_rows(recs, bw)
+    assert (q["stage"], b["stage"]) == ("query", "bm25")
+    assert q["limit_s"] == pytest.approx(0.02) and q["ratio"] == pytest.approx(2.5)
+    assert b["limit_s"] == pytest.approx(1e-4) and b["ratio"] == pytest.approx(20.0)
+    assert bandwidth_rows(recs, None) == []
+    lines = bandwidth_table(recs, {"bandwidth": bw}, headline_only=True)
+    assert "triad 10 GB/s" in lines[0] and lines[-1].endswith("| 2.5x |") and len(lines) == 5
+
+
 def test_goals_and_ratios():
     recs = [_rec("graph", "ours", {"haystacks": 500, "sessions": 500}, [0.2], headline=True,
                  flops=1.5e12, bytes=3e9),
@@ -143,6 +164,7 @@ def test_gpu_suite_dry_run_writes_report(gpu_suite_dry_run, capsys):
     assert any("latency_p99_s" in b["extra_info"] for b in doc["benchmarks"])
     assert any(b["extra_info"].get("speedup_vs_reference") for b in doc["benchmarks"])
     assert "slope (all)" in report
+    assert "## Memory-bandwidth limit (this machine)" in report and "measured / limit" in report
 
 
 def test_gpu_suite_without_cuda_exits_2(monkeypatch, capsys):
