@@ -165,6 +165,11 @@ def test_gpu_suite_dry_run_writes_report(gpu_suite_dry_run, capsys):
     assert any(b["extra_info"].get("speedup_vs_reference") for b in doc["benchmarks"])
     assert "slope (all)" in report
     assert "## Memory-bandwidth limit (this machine)" in report and "measured / limit" in report
+    idx = next(b["extra_info"] for b in doc["benchmarks"] if b["group"] == "index"
+               and b["extra_info"]["impl"] == "ours")
+    assert 0 < idx["distinct_sessions"] <= idx["session_slots"]
+    assert idx["tokens_encoded"] > idx["texts_encoded"] > 0  # every text has > 1 token
+    assert f"{idx['distinct_sessions']} distinct sessions in" in report
 
 
 def test_gpu_suite_without_cuda_exits_2(monkeypatch, capsys):

@@ -233,6 +233,10 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
             f"{k[:-2]} {fmt_seconds(v)}" for k, v in b.items())
             + f"; {idx[0].extra.get('distinct_texts')} distinct of "
               f"{idx[0].extra.get('texts')} texts encoded"
+            + (f"; {idx[0].extra['distinct_sessions']} distinct sessions in "
+               f"{idx[0].extra['session_slots']} session slots, "
+               f"{idx[0].extra.get('tokens_encoded')} tokens encoded"
+               if "distinct_sessions" in idx[0].extra else "")
             + (f"; extrapolated to {idx[0].extra['full_haystacks']} haystacks: "
                f"{fmt_seconds(idx[0].extra['full_seconds'])}" if "full_seconds" in idx[0].extra
                else "") + "."]
