@@ -170,6 +170,11 @@ def test_gpu_suite_dry_run_writes_report(gpu_suite_dry_run, capsys):
     assert 0 < idx["distinct_sessions"] <= idx["session_slots"]
     assert idx["tokens_encoded"] > idx["texts_encoded"] > 0  # every text has > 1 token
     assert f"{idx['distinct_sessions']} distinct sessions in" in report
+    row = json.loads((out / "cugraph.json").read_text())  # cuGraph absent: the row says so
+    assert row["ours_s"] > 0 and row["line"].startswith("cuGraph personalized PageRank")
+    if importlib.util.find_spec("cugraph") is None and importlib.util.find_spec(
+            "pylibcugraph") is None:
+        assert "not importable" in row["cugraph"]
 
 
 def test_gpu_suite_without_cuda_exits_2(monkeypatch, capsys):
