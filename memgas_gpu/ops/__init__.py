@@ -5,6 +5,8 @@ from .ppr import csr_adjacency, personalized_pagerank
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import (memgas_session_scores, memgas_session_scores_packed, query_waves,
                      seed_scores)
+from .similarity import (block_pattern, packed_reset, packed_session_sums,
+                         packed_similarities, regular_packed_scores, regular_router_seeds)
 
 __all__ = [
     "gmm1d_accept",
@@ -21,4 +23,10 @@ __all__ = [
     "memgas_session_scores_packed",
     "seed_scores",
     "query_waves",
+    "block_pattern",
+    "packed_similarities",
+    "regular_router_seeds",
+    "packed_reset",
+    "packed_session_sums",
+    "regular_packed_scores",
 ]
