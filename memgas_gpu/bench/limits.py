@@ -48,7 +48,9 @@ def query_cost(n_queries: int, n_sessions: int, dim: int, nnz: int, n_nodes: int
     Each question reads its haystack's ``4 N`` node embeddings (O(Q N d)); the packed
     PPR runs ``ceil(Q / C)`` rows over the block-diagonal graph for ``iters`` iterations
     (default ``ceil(log(tol) / log(d))``, the power-iteration contraction), each reading
-    the CSR indices and gathering ``p`` (O(nnz iters)).
+    the CSR once (int32 columns, int64 row pointers) and streaming the state (read ``p``,
+    write the new ``p`` and ``p / deg``: 3 float64 per node and row). The neighbour
+    gathers are not counted: a haystack's block (a few thousand nodes) stays in cache.
     """
     if iters is None:
         iters = max(1, math.ceil(math.log(tol) / math.log(damping)))
@@ -56,7 +58,7 @@ def query_cost(n_queries: int, n_sessions: int, dim: int, nnz: int, n_nodes: int
     sim_flops = 2.0 * n_queries * N_GRAN * n_sessions * dim
     sim_bytes = n_queries * N_GRAN * n_sessions * dim * elem
     ppr_flops = 2.0 * iters * nnz * rows
-    ppr_bytes = iters * (nnz * (8 + 8 * rows) + 4 * n_nodes * 8 * rows)
+    ppr_bytes = iters * (nnz * 4 + n_nodes * 8 + 3 * n_nodes * 8 * rows)
     return sim_flops + ppr_flops, float(sim_bytes + ppr_bytes)
 
 
