@@ -98,7 +98,7 @@ def main(argv=None) -> None:
         return ops.seed_scores(w.gather(1, g) * sims, 15, ok).to(torch.float64)
 
     seeds = cur_route_seeds()
-    slot, R = ops.query_waves(qc)
+    slot, R = ops.query_rows(qc)
 
     def cur_reset():
         reset = torch.zeros(R, n, dtype=torch.float64)
@@ -120,9 +120,17 @@ def main(argv=None) -> None:
         tgt = torch.where(ok, rank[pos], torch.full_like(pos, N_max))
         return out.scatter_add_(1, tgt, node_p)[:, :N_max]
 
+    packed = getattr(ops, "memgas_session_scores_packed", None)  # replaced by the engine
+
     def cur_total():
-        return ops.memgas_session_scores_packed(q, qc, emb, h.session_of_node, gran, conv,
-                                                indptr, indices, n_gran=N_GRAN)
+        if packed is None:  # the stages above, in sequence
+            cur_sims()
+            cur_route_seeds()
+            cur_reset()
+            ppr()
+            return cur_sums(), None
+        return packed(q, qc, emb, h.session_of_node, gran, conv, indptr, indices,
+                      n_gran=N_GRAN)
 
     # ---- new blocks ---------------------------------------------------------------
     pattern = ops.block_pattern(qc, start, count, n)

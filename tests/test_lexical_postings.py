@@ -130,6 +130,13 @@ def test_postings_cached_and_rebuilt_when_the_layout_changes():
     _check(idx, *texts, got, LAYOUT["q_conv"], idx.questions, BM25Params())
     idx.lexical.invalidate()
     assert not idx.lexical.score_cache and not idx.lexical.graphs
+    # another LexicalIndex of the same sessions (lexical=): its own cache, same scores
+    other, *_ = _fake_index(**dict(LAYOUT, row_slot=idx.row_slot.tolist(),
+                                   conv_offsets=idx.conv_offsets.tolist()))
+    via = lexical_signals(idx, device="cpu", lexical=other.lexical)
+    assert other.lexical.score_cache and not idx.lexical.score_cache
+    for name, v in via.items():
+        assert torch.equal(v, got[name])
 
 
 def test_gather_equals_sparse_product():

@@ -1,13 +1,14 @@
-"""Fast read-path blocks (ops/similarity.py) against the straightforward computation and
-against memgas_session_scores_packed (issue 14)."""
+"""Fast read-path blocks (ops/similarity.py) against the straightforward computation:
+per-query products, the router on a gathered [Q, G, N] copy + seed_scores, and
+memgas_session_scores run conversation by conversation (issue 14)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from memgas_gpu.ops import (build_association_graph, entropy_router, memgas_session_scores_packed,
-                            packed_similarities, regular_packed_scores, regular_router_seeds,
-                            seed_scores)
+from memgas_gpu.ops import (build_association_graph, entropy_router, memgas_session_scores,
+                            packed_similarities, query_rows, regular_packed_scores,
+                            regular_router_seeds, seed_scores)
 
 from _synth import conversation, torch_single_thread  # noqa: F401
 
@@ -82,23 +83,44 @@ def test_router_seeds_equal_the_gathered_computation():
             assert int((seeds[1] > 0).sum()) <= max(alpha, 1) + 2  # ties only
 
 
+def _per_conversation(q, qc, E, conv, indptr, indices, **kw):
+    """memgas_session_scores on each query's own conversation (sub-graph), padded."""
+    N_max = int(torch.bincount(conv).max()) // G
+    out = torch.zeros(len(q), N_max, dtype=torch.float64)
+    for i, c in enumerate(qc.tolist()):
+        nodes = torch.nonzero(conv == c).flatten()
+        a, b = int(nodes[0]), int(nodes[-1]) + 1
+        p0, p1 = int(indptr[a]), int(indptr[b])
+        sub = (indptr[a:b + 1] - p0, indices[p0:p1] - a)
+        n = b - a
+        got = memgas_session_scores(q[i], E[a:b], torch.arange(n) // G, torch.arange(n) % G,
+                                    *sub, n_sessions=n // G, n_gran=G, **kw)
+        out[i, :n // G] = got
+    return out
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_regular_packed_scores_equal_the_packed_read_path(dtype):
+def test_regular_packed_scores_equal_per_conversation_scores(dtype):
     sizes = [12, 30, 7, 30]
     E, s, conv, start, count = _packed(sizes, dtype=dtype)
     indptr, indices = build_association_graph(E, s, conversation_of_node=conv)
     qc = torch.tensor([3, 0, 1, 1, 2, 3, 1])  # several queries per conversation
     q = _queries(E, conv, qc)
-    gran = torch.arange(len(E)) % G
     for kw in ({}, {"use_ppr": False}, {"use_router": False}, {"alpha": 3}):
-        a, va = memgas_session_scores_packed(q, qc, E, s, gran, conv, indptr, indices, **kw)
+        a = _per_conversation(q, qc, E, conv, indptr, indices, **kw)
         b, vb = regular_packed_scores(q, qc, E, start, count, indptr, indices, conv, **kw)
-        assert torch.equal(va, vb) and a.shape == b.shape
+        assert torch.equal(vb, torch.arange(30)[None, :] < (count[qc] // G)[:, None])
         tol = 1e-12 if dtype == torch.float64 else 1e-7
         torch.testing.assert_close(b, a, rtol=0, atol=tol)
-        ra = torch.argsort(a.masked_fill(~va, -1), dim=1, descending=True, stable=True)
+        ra = torch.argsort(a.masked_fill(~vb, -1), dim=1, descending=True, stable=True)
         rb = torch.argsort(b.masked_fill(~vb, -1), dim=1, descending=True, stable=True)
         assert torch.equal(ra, rb)
+
+
+def test_query_rows():
+    row, R = query_rows(torch.tensor([2, 0, 2, 1, 2, 0]))
+    assert row.tolist() == [0, 0, 1, 0, 2, 1] and R == 3
+    assert query_rows(torch.zeros(0, dtype=torch.long))[1] == 0
 
 
 def test_half_storage_is_not_rank_preserving():

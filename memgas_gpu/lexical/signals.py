@@ -89,7 +89,8 @@ def _chunks(index, lex, max_nnz: int) -> list:
 
 
 def lexical_postings(index, granularity: str, params: Optional[BM25Params] = None,
-                     device=None, max_nnz: int = 1 << 24) -> GranularityPostings:
+                     device=None, max_nnz: int = 1 << 24,
+                     lexical=None) -> GranularityPostings:
     """The cached :class:`GranularityPostings` of ``index`` (built on first use).
 
     Args:
@@ -98,8 +99,9 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
         params: :class:`BM25Params`.
         device: where the postings live (default CPU).
         max_nnz: document terms per conversation chunk while building.
+        lexical: the LexicalIndex to use (default ``index.lexical``).
     """
-    lex = index.lexical
+    lex = lexical if lexical is not None else index.lexical
     p = params or BM25Params()
     dev = torch.device(device or "cpu")
     key = (granularity, float(p.k1), float(p.b), p.method, str(dev))
@@ -149,7 +151,8 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
 def lexical_signals(index, questions: Optional[Tensor] = None,
                     names: Sequence[str] = LEXICAL_SIGNALS, params: Optional[BM25Params] = None,
                     device: Optional[str] = None, max_nnz: int = 1 << 24,
-                    queries=None, query_conversation: Optional[Tensor] = None) -> dict:
+                    queries=None, query_conversation: Optional[Tensor] = None,
+                    lexical=None) -> dict:
     """BM25 signals ``{name: [Q, N_max] float32}`` (0 where no term matches; padding
     past a conversation's end is 0 too: mask it with the session counts).
 
@@ -166,8 +169,11 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         query_conversation: ``[Q]`` conversation index of each row of ``queries``, for
             questions that are not in the index (needs ``queries``; ``questions`` is then
             ignored).
+        lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
+            ``index.lexical`` (same distinct sessions, e.g. another tokenizer); its own
+            postings cache is used.
     """
-    lex = getattr(index, "lexical", None)
+    lex = lexical if lexical is not None else getattr(index, "lexical", None)
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
     bad = [n for n in names if n not in _GRAN]
@@ -201,7 +207,7 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
     qm = qmat.to(dev)
     conv_d = conv.to(dev)
     for g in grans:
-        gp = lexical_postings(index, g, p, dev, max_nnz)
+        gp = lexical_postings(index, g, p, dev, max_nnz, lexical=lex)
         q, doc, val = bm25_gather(gp.post, qm.indptr, qm.indices, qm.tf, conv_d)
         val = val.float()
         flat = gp.doc_session.index_select(0, doc).add_(q * n_max)

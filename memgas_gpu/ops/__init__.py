@@ -6,7 +6,8 @@ from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import (memgas_session_scores, memgas_session_scores_packed, query_waves,
                      seed_scores)
 from .similarity import (block_pattern, packed_reset, packed_session_sums,
-                         packed_similarities, regular_packed_scores, regular_router_seeds)
+                         packed_similarities, query_rows, regular_packed_scores,
+                         regular_router_seeds)
 
 __all__ = [
     "gmm1d_accept",
@@ -29,4 +30,5 @@ __all__ = [
     "packed_reset",
     "packed_session_sums",
     "regular_packed_scores",
+    "query_rows",
 ]
