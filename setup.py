@@ -152,7 +152,8 @@ class CMakeBuild(build_ext):
             if nvcc:
                 args.append(f"-DCMAKE_CUDA_COMPILER={os.path.realpath(nvcc)}")
             # a visible GPU: its own architecture; else every common one (CMakeLists.txt)
-            archs = os.environ.get("MEMGAS_CUDA_ARCHS") or ("native" if _gpu_visible() else "common")
+            archs = os.environ.get("MEMGAS_CUDA_ARCHS") or (
+                "native" if _gpu_visible() else "common")
             args.append(f"-DMEMGAS_CUDA_ARCHS={archs}")
         args += shlex.split(os.environ.get("MEMGAS_CMAKE_ARGS", ""))
         jobs = str(max(1, os.cpu_count() or 1))

@@ -64,8 +64,9 @@ def _cugraph_caller(indptr, indices, n: int):
         cugraph = None
     if cugraph is not None:
         G = cugraph.Graph()
-        G.from_cudf_adjlist(cudf.Series(indptr.cpu().numpy()), cudf.Series(indices.cpu().numpy()),
-                            None, renumber=False, store_transposed=True)
+        G.from_cudf_adjlist(cudf.Series(indptr.cpu().numpy()),
+                            cudf.Series(indices.cpu().numpy()), None, renumber=False,
+                            store_transposed=True)
 
         def call(cols, vals):
             df = cudf.DataFrame({"vertex": cudf.Series(cols.cpu().numpy()),

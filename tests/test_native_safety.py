@@ -28,7 +28,8 @@ def _graph(n=1000, per=100, deg=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     blocks = torch.arange(n) // per
     src = torch.randint(0, n, (deg * n,), generator=g)
-    dst = (blocks[src] * per + torch.randint(0, per, (deg * n,), generator=g)).clamp_max(n - 1)
+    dst = blocks[src] * per + torch.randint(0, per, (deg * n,), generator=g)
+    dst = dst.clamp_max(n - 1)
     keep = src % 10 != 0  # some dangling nodes
     indptr, indices = symmetric_csr(torch.stack([src[keep], dst[keep]]), n)
     reset = torch.rand(3, n, generator=g, dtype=torch.float64)
@@ -184,7 +185,8 @@ def test_cuda_ppr_wrapper_arguments(stand_in):
     assert (n, Q, nb, idx64) == (300, 3, 6, False)  # int32 columns for a small graph
     assert seen["indptr"] == indptr.tolist()  # alive during the call, contiguous int64
     assert seen["indices"] == indices.tolist() and seen["blocks"] == blocks.tolist()
-    rn = reset.T / torch.zeros(nb, Q, dtype=torch.float64).index_add_(0, blocks, reset.T)[blocks]
+    total = torch.zeros(nb, Q, dtype=torch.float64).index_add_(0, blocks, reset.T)
+    rn = reset.T / total[blocks]
     torch.testing.assert_close(torch.tensor(seen["r"], dtype=torch.float64).view(n, Q), rn,
                                rtol=1e-15, atol=0)
     # workspace of the kernel's layout: p, y[2] of [n, Q], 1/deg [n], 3 x [nb, Q];

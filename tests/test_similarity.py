@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memgas_gpu.ops import (build_association_graph, entropy_router, memgas_session_scores,
-                            packed_similarities, query_rows, regular_packed_scores,
-                            regular_router_seeds, seed_scores)
+from memgas_gpu.ops import (build_association_graph, entropy_router,
+                            memgas_session_scores, packed_similarities, query_rows,
+                            regular_packed_scores, regular_router_seeds, seed_scores)
 
 from _synth import conversation, torch_single_thread  # noqa: F401
 

@@ -76,7 +76,8 @@ def bm25_cost(post, terms, width: int = 0) -> tuple[float, float]:
     if n_cols == 0:
         return 0.0, out_bytes
     df = (post.col_ptr[1:] - post.col_ptr[:-1]).cpu()
-    rows = torch.repeat_interleave(torch.arange(Q), (terms.q_indptr[1:] - terms.q_indptr[:-1]).cpu())
+    rows = torch.repeat_interleave(torch.arange(Q),
+                                   (terms.q_indptr[1:] - terms.q_indptr[:-1]).cpu())
     key = terms.q_group.cpu()[rows] * terms.n_terms + terms.q_indices.cpu()
     pos = torch.searchsorted(ck, key).clamp_max(n_cols - 1)
     touched = int(df[pos][ck[pos] == key].sum())

@@ -114,7 +114,8 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
     parts, n_docs = [], 0
     for c0, c1 in _chunks(index, lex, max_nnz):
         rows = torch.arange(int(offs[c0]), int(offs[c1]))
-        row_conv = torch.repeat_interleave(torch.arange(c0, c1), offs[c0 + 1:c1 + 1] - offs[c0:c1])
+        row_conv = torch.repeat_interleave(torch.arange(c0, c1),
+                                           offs[c0 + 1:c1 + 1] - offs[c0:c1])
         row_pos = rows - offs[row_conv]
         slots = index.row_slot[rows]
         cnt = ptr[slots + 1] - ptr[slots]
