@@ -12,7 +12,7 @@ Environment variables:
   isolated build, an NVIDIA driver is present; on failure retry CPU-only), ``1``
   (required), ``0`` (never).
 * ``MEMGAS_CUDA_ARCHS``: CMake CUDA architectures (default ``native`` when a GPU is
-  visible, else ``90``).
+  visible, else ``common``: every common architecture, see CMakeLists.txt).
 * ``MEMGAS_CMAKE_ARGS``: extra arguments for the CMake configure step.
 """
 from __future__ import annotations
@@ -151,7 +151,9 @@ class CMakeBuild(build_ext):
             nvcc = _nvcc()
             if nvcc:
                 args.append(f"-DCMAKE_CUDA_COMPILER={os.path.realpath(nvcc)}")
-            archs = os.environ.get("MEMGAS_CUDA_ARCHS") or ("native" if _gpu_visible() else "90")
+            # a visible GPU: its own architecture; else every common one (CMakeLists.txt)
+            archs = os.environ.get("MEMGAS_CUDA_ARCHS") or (
+                "native" if _gpu_visible() else "common")
             args.append(f"-DMEMGAS_CUDA_ARCHS={archs}")
         args += shlex.split(os.environ.get("MEMGAS_CMAKE_ARGS", ""))
         jobs = str(max(1, os.cpu_count() or 1))

@@ -4,13 +4,18 @@ Runs :func:`memgas_gpu.bench.run_suite` at scale ``m`` (haystacks 1 -> 500 of 50
 d = 768; sessions 50 -> 5,000; BERT-base-size random encoder in bf16; an M-shaped
 index slice of 10 haystacks extrapolated to 500) with a wall-clock budget (sweep points
 that would start after it are skipped), writes the report, and prints the goal table
-last. ``--dry-run`` runs the same logic at scale ``tiny`` on the CPU.
+last. ``--dry-run`` runs the same logic at scale ``tiny`` on the CPU. It also times
+cuGraph's personalized PageRank against ours on the same graph and reset vectors
+(``gpu_cugraph.py``; the row says so when cuGraph is not importable).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_cugraph.py
 
 
 def main(argv=None) -> int:
@@ -22,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", default=None, help="suite scale (default m; tiny with --dry-run)")
     ap.add_argument("--stages", default=None, help="comma-separated subset of the stages")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference timings")
+    ap.add_argument("--no-cugraph", action="store_true", help="skip the cuGraph PPR row")
     args = ap.parse_args(argv)
 
     import torch
@@ -57,6 +63,11 @@ def main(argv=None) -> int:
                   f"{fmt_rate(o.rate, o.unit)}")
     if res.skipped:
         print("skipped (time budget): " + "; ".join(res.skipped))
+    if not args.no_cugraph:
+        from gpu_cugraph import main_row
+
+        print()
+        main_row(device, args.dry_run, args.out, log=lambda m: print(m, flush=True))
     print()
     print("\n".join(goal_table(res.records, "cuda" if device == "cuda" else "cpu")))
     return 0

@@ -4,6 +4,7 @@
 // Inputs are prepared (dtype, contiguity, device) by the Python wrappers in
 // memgas_gpu/ops; the kernels validate sizes and ranges.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <string>
@@ -11,6 +12,7 @@
 #include "cpu/gmm1d_cpu.h"
 #include "cpu/graph_cpu.h"
 #include "cpu/ppr_cpu.h"
+#include "common/ppr_workspace.h"
 #ifdef MEMGAS_WITH_CUDA
 #include "cuda/gmm1d_cuda.h"
 #include "cuda/ppr_cuda.h"
@@ -80,26 +82,30 @@ PYBIND11_MODULE(_C, m) {
                           ptr<const double>(r), Q, ptr<const int64_t>(blocks), n_blocks,
                           damping, tol, max_iter, ptr<double>(out), threads);
         });
+  m.def("ppr_cuda_workspace", &memgas::ppr_cuda_workspace,
+        "(float64, int32) scratch lengths of ppr_cuda for (n, Q, n_blocks).");
 #ifdef MEMGAS_WITH_CUDA
   m.attr("has_cuda") = true;
   m.def("gmm1d_cuda",
         [](uintptr_t x, bool is_double, uintptr_t n, uintptr_t table, uintptr_t out,
-           int64_t B, int64_t M, py::tuple p, uintptr_t stream) {
+           int64_t B, int64_t M, py::tuple p, uintptr_t err, uintptr_t stream) {
           GmmParams gp = params(p);
           py::gil_scoped_release nogil;
           memgas::gmm1d_cuda(ptr<const void>(x), is_double, ptr<const int64_t>(n),
                              ptr<const int64_t>(table), ptr<uint8_t>(out), B, M, gp,
-                             ptr<void>(stream));
+                             ptr<int32_t>(err), ptr<void>(stream));
         });
   m.def("ppr_cuda",
         [](uintptr_t indptr, uintptr_t indices, bool idx64, int64_t n, uintptr_t r, int64_t Q,
            uintptr_t blocks, int64_t n_blocks, double damping, double tol, int64_t max_iter,
-           uintptr_t out, uintptr_t work, uintptr_t iwork, uintptr_t stream) {
+           uintptr_t out, uintptr_t work, int64_t work_len, uintptr_t iwork, int64_t iwork_len,
+           uintptr_t stream) {
           py::gil_scoped_release nogil;
           return memgas::ppr_cuda(ptr<const int64_t>(indptr), ptr<const void>(indices), idx64,
                                   n, ptr<const double>(r), Q, ptr<const int64_t>(blocks),
                                   n_blocks, damping, tol, max_iter, ptr<double>(out),
-                                  ptr<double>(work), ptr<int32_t>(iwork), ptr<void>(stream));
+                                  ptr<double>(work), work_len, ptr<int32_t>(iwork), iwork_len,
+                                  ptr<void>(stream));
         });
 #else
   m.attr("has_cuda") = false;

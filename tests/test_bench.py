@@ -69,11 +69,33 @@ def test_costs_and_limits():
     assert limit_seconds(1.0, 9.6e12) == pytest.approx(2.0)  # bandwidth-bound
     # 2 queries, 3 sessions, d=4, one conversation (2 PPR rows), 5 iterations, 10 edges,
     # 12 nodes: similarities 2*2*4*3*4 = 192 FLOPs and 2*4*3*4*4 = 384 B; PPR 2*5*10*2 =
-    # 200 FLOPs and 5 * (10 * (8 + 8*2) + 4*12*8*2) = 5040 B
-    assert query_cost(2, 3, 4, nnz=10, n_nodes=12, n_conv=1, iters=5) == (392.0, 5424.0)
+    # 200 FLOPs and 5 * (10*4 (int32 columns) + 12*8 (row pointers) + 3*12*8*2 (state of
+    # 2 rows)) = 5 * 712 = 3560 B
+    assert query_cost(2, 3, 4, nnz=10, n_nodes=12, n_conv=1, iters=5) == (392.0, 3944.0)
     # default iterations: ceil(log 1e-3 / log 0.2) = ceil(4.29) = 5
     assert query_cost(1, 1, 1, nnz=1, n_nodes=1, n_conv=1, damping=0.2, tol=1e-3) == (
-        8.0 + 2 * 5, 16.0 + 5 * (1 * (8 + 8) + 4 * 1 * 8))
+        8.0 + 2 * 5, 16.0 + 5 * (1 * 4 + 1 * 8 + 3 * 1 * 8))
+
+
+def test_bandwidth_limit_rows():
+    from memgas_gpu.bench.bandwidth import bandwidth_rows, measure_bandwidth
+    from memgas_gpu.bench.report import bandwidth_table
+
+    bw = measure_bandwidth("cpu", nbytes=1 << 20, rounds=2)
+    assert bw["copy"] > 0 and bw["triad"] > 0 and bw["buffer_bytes"] == 1 << 20
+    bw = {"copy": 12e9, "triad": 10e9, "buffer_bytes": 1 << 28, "threads": 1}
+    recs = [_rec("query", "ours", {"haystacks": 64, "sessions": 500}, [0.05], bytes=2e8,
+                 headline=True),
+            _rec("bm25", "ours", {"haystacks": 64, "sessions": 500}, [0.002], bytes=1e6),
+            _rec("graph", "ours", {"haystacks": 64, "sessions": 500}, [1.0], bytes=1e9),
+            _rec("query", "reference", {"haystacks": 64, "sessions": 500}, [1.0], bytes=2e8)]
+    q, b = bandwidth_rows(recs, bw)
+    assert (q["stage"], b["stage"]) == ("query", "bm25")
+    assert q["limit_s"] == pytest.approx(0.02) and q["ratio"] == pytest.approx(2.5)
+    assert b["limit_s"] == pytest.approx(1e-4) and b["ratio"] == pytest.approx(20.0)
+    assert bandwidth_rows(recs, None) == []
+    lines = bandwidth_table(recs, {"bandwidth": bw}, headline_only=True)
+    assert "triad 10 GB/s" in lines[0] and lines[-1].endswith("| 2.5x |") and len(lines) == 5
 
 
 def test_goals_and_ratios():
@@ -157,6 +179,17 @@ def test_gpu_suite_dry_run_writes_report(gpu_suite_dry_run, capsys):
     assert any("latency_p99_s" in b["extra_info"] for b in doc["benchmarks"])
     assert any(b["extra_info"].get("speedup_vs_reference") for b in doc["benchmarks"])
     assert "slope (all)" in report
+    assert "## Memory-bandwidth limit (this machine)" in report and "measured / limit" in report
+    idx = next(b["extra_info"] for b in doc["benchmarks"] if b["group"] == "index"
+               and b["extra_info"]["impl"] == "ours")
+    assert 0 < idx["distinct_sessions"] <= idx["session_slots"]
+    assert idx["tokens_encoded"] > idx["texts_encoded"] > 0  # every text has > 1 token
+    assert f"{idx['distinct_sessions']} distinct sessions in" in report
+    row = json.loads((out / "cugraph.json").read_text())  # cuGraph absent: the row says so
+    assert row["ours_s"] > 0 and row["line"].startswith("cuGraph personalized PageRank")
+    if importlib.util.find_spec("cugraph") is None and importlib.util.find_spec(
+            "pylibcugraph") is None:
+        assert "not importable" in row["cugraph"]
 
 
 def test_gpu_suite_without_cuda_exits_2(monkeypatch, capsys):

@@ -209,14 +209,30 @@ def test_ppr_one_node_graphs():
 
 
 @native
-def test_ppr_validates_graph():
-    indptr = torch.tensor([0, 1, 2])
-    with pytest.raises(ValueError):
-        personalized_pagerank(indptr, torch.tensor([1, 5]), torch.ones(2), backend="native")
-    with pytest.raises(ValueError):
-        personalized_pagerank(indptr, torch.tensor([1]), torch.ones(2), backend="native")
-    empty = personalized_pagerank(torch.tensor([0]), torch.tensor([], dtype=torch.int64),
-                                  torch.ones(3, 0), backend="native")
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_ppr_validates_graph(device):
+    """Bad graphs raise before the kernel reads through them (the CUDA kernel checks on
+    the device: indptr[0], monotonic indptr, column range, block ids)."""
+    def run(ip, ix, reset=torch.ones(2), blocks=None):
+        t = lambda x: None if x is None else torch.tensor(x).to(device)  # noqa: E731
+        return personalized_pagerank(t(ip), t(ix), reset.to(device), blocks=t(blocks),
+                                     backend="native")
+
+    for ip, ix, match in (([0, 1, 2], [1, 5], "column index out of range"),
+                          ([0, 1, 2], [1, -1], "column index out of range"),
+                          ([0, 1, 2], [1], "indices has 1 entries"),
+                          ([1, 1, 2], [0, 1], "indptr\\[0\\] must be 0"),
+                          ([0, 2, 1], [1], "indptr decreases")):
+        with pytest.raises(ValueError, match=match):
+            run(ip, ix)
+    with pytest.raises(ValueError, match="block id out of range"):
+        run([0, 1, 2], [1, 0], blocks=[0, -1])
+    assert torch.equal(run([0, 1, 2], [1, 0], blocks=[0, 0]).cpu(),
+                       personalized_pagerank(torch.tensor([0, 1, 2]), torch.tensor([1, 0]),
+                                             torch.ones(2), backend="torch"))
+    empty = personalized_pagerank(torch.tensor([0]).to(device),
+                                  torch.tensor([], dtype=torch.int64).to(device),
+                                  torch.ones(3, 0).to(device), backend="native")
     assert empty.shape == (3, 0)
 
 

@@ -49,7 +49,8 @@ def tiny():
 
 
 def _scores(index, **settings):
-    r = index.retrieve(method="memgas_hybrid", device="cpu", **{"time_beta": 0.0, **settings})
+    r = index.retrieve(method="memgas_hybrid", device="cpu",
+                       **{"time_beta": 0.0, "speaker_gamma": 0.0, **settings})
     return r.scores.double().numpy(), r.rankings.numpy()
 
 
@@ -238,7 +239,8 @@ SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U", "dense_K")
 
 def _raw(index, signals):
     return np.stack([index.retrieve(method="memgas_hybrid", device="cpu", signals=(s,),
-                                    norm="none", router="uniform", fusion="sum")
+                                    norm="none", router="uniform", fusion="sum",
+                                    time_beta=0.0, speaker_gamma=0.0)
                      .scores.double().numpy() for s in signals], 1)  # [Q, S, N]
 
 

@@ -17,7 +17,8 @@ from _standin import StandInEncoder, small_dataset
 bm25s = pytest.importorskip("bm25s")
 pytest.importorskip("Stemmer")
 
-RAW = dict(norm="none", router="uniform", fusion="sum", time_beta=0.0)  # the raw signal
+RAW = dict(norm="none", router="uniform", fusion="sum", time_beta=0.0,
+           speaker_gamma=0.0)  # the raw signal: the question cues off
 
 
 def _signal(index, name, questions=None):

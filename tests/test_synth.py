@@ -229,6 +229,8 @@ def test_cli_registered_in_group(tmp_path):
 @pytest.mark.parametrize("args", [
     ["--sessions", "2"], ["--turns", "1"], ["--questions", "0"],
     ["--sessions", "10", "--pool", "3"], ["--abstention-rate", "-0.1"], ["--scale", "xl"],
+    ["--distinct-sessions", "many"], ["--sessions", "10", "--distinct-sessions", "8"],
+    ["--pool", "40", "--distinct-sessions", "all"],
 ])
 def test_cli_bad_params_exit_2(tmp_path, args):
     from memgas_gpu.cli.synth import synth
@@ -283,3 +285,40 @@ def test_loads_through_load_dataset(tmp_path):
     assert [q.evidence_session_ids for q in derived.questions] == \
         [q.evidence_session_ids for q in ds.questions]
     assert sum(bool(q.evidence_session_ids) for q in ds.questions) >= len(raw) // 2
+
+
+# ---- distinct sessions ---------------------------------------------------------------
+def _distinct_contents(data) -> tuple[int, int]:
+    texts = [json.dumps(s) for inst in data for s in inst["haystack_sessions"]]
+    return len(set(texts)), len(texts)
+
+
+def test_all_distinct_sessions(tmp_path):
+    from memgas_gpu.cli.synth import synth
+
+    out = tmp_path / "all.json"
+    res = CliRunner().invoke(synth, ["--out", str(out), "--questions", "6", "--sessions", "9",
+                                     "--words", "15", "--distinct-sessions", "all",
+                                     "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "all filler sessions distinct" in res.output and "54 distinct of 54" in res.output
+    data = json.loads(out.read_text())
+    assert _distinct_contents(data) == (54, 54)  # nothing for deduplication to save
+    ids = [sid for inst in data for sid in inst["haystack_session_ids"]]
+    assert len(set(ids)) == 54
+    assert all(any(sid.startswith("answer_") for sid in inst["haystack_session_ids"])
+               for inst in data)
+    again = tmp_path / "again.json"
+    write_synthetic(again, questions=6, sessions=9, words=15, distinct_sessions="all",
+                    progress=False)
+    assert again.read_bytes() == out.read_bytes()  # deterministic
+
+
+def test_distinct_sessions_count_is_the_pool(tmp_path):
+    a = _write(tmp_path, "a.json", distinct_sessions=30)
+    b = _write(tmp_path, "b.json", pool=30)
+    assert a.read_bytes() == b.read_bytes()
+    data = json.loads(a.read_text())
+    n_distinct, n = _distinct_contents(data)
+    n_answer = sum(len(inst["answer_session_ids"]) for inst in data)
+    assert n_distinct <= 30 + n_answer < n

@@ -65,6 +65,21 @@ inline void gather(const int64_t* indptr, const I* indices, const double* y, int
     }
     std::memcpy(out, a, sizeof(a));
     std::memcpy(out + TQ, b, sizeof(b));
+  } else if constexpr (TQ == 1) {
+    // one column (one question per conversation): nodes i and i + 1 interleaved, two
+    // independent add chains (one chain waited on the add latency at every edge); each
+    // node still sums in CSR order, so the bits are those of the one-chain loop
+    double a = 0.0, b = 0.0;
+    int64_t e = indptr[i], f = indptr[i + 1];
+    const int64_t ea = indptr[i + 1], fb = indptr[i + 2];
+    for (; e < ea && f < fb; ++e, ++f) {
+      a += y[(int64_t)indices[e]];
+      b += y[(int64_t)indices[f]];
+    }
+    for (; e < ea; ++e) a += y[(int64_t)indices[e]];
+    for (; f < fb; ++f) b += y[(int64_t)indices[f]];
+    out[0] = a;
+    out[1] = b;
   } else {
     for (int64_t k = 0; k < 2; ++k) {
       double s[TQ] = {};

@@ -6,11 +6,17 @@
 // shuffles. y = p / deg is written alongside p, so no edge values are stored.
 // Per (block, column) convergence as the torch op: a small kernel freezes converged
 // pairs; the host reads the count of active pairs every kCheck iterations.
-// NON-DETERMINISM: the residual and dangling mass per (block, column) are summed with
-// float64 atomicAdd (order varies between runs, ~1e-16 relative); the PageRank
-// values themselves use a fixed order per node.
+// NON-DETERMINISM: the residual and dangling mass per (block, column) are summed within
+// each warp (lanes with the same (block, column) key, cooperative groups'
+// labeled_partition), then added with one float64 atomicAdd per key and warp (order
+// varies between runs, ~1e-16 relative); the PageRank values use a fixed order per node.
+// The graph is checked on the device before the first iteration (as ppr_cpu does on the
+// host): indptr[0] == 0, indptr non-decreasing, columns in [0, n), block ids in range.
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -30,7 +36,42 @@ void check(cudaError_t err, const char* what) {
                              cudaGetErrorString(err));
 }
 
+namespace cg = cooperative_groups;
+
 unsigned grid_for(int64_t threads) { return (unsigned)((threads + kThreads - 1) / kThreads); }
+
+// error bits of the graph check
+constexpr int32_t kBadFirst = 1, kBadOrder = 2, kBadColumn = 4, kBadBlock = 8;
+
+template <typename I>
+__global__ void validate_kernel(const int64_t* indptr, const I* indices, int64_t n,
+                                int64_t nnz, const int64_t* blocks, int64_t n_blocks,
+                                int32_t* err) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t total = n > nnz ? n : nnz;
+  int32_t bits = 0;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+    if (t < n) {
+      if (indptr[t + 1] < indptr[t]) bits |= kBadOrder;
+      if (blocks && (blocks[t] < 0 || blocks[t] >= n_blocks)) bits |= kBadBlock;
+    }
+    if (t < nnz) {
+      const int64_t j = (int64_t)indices[t];
+      if (j < 0 || j >= n) bits |= kBadColumn;
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && indptr[0] != 0) bits |= kBadFirst;
+  if (bits) atomicOr(err, bits);
+}
+
+// dst[key] += v over the lanes of the warp that share key (key < 0: nothing to add).
+// Every lane of the warp must call it (no lane may have returned).
+__device__ __forceinline__ void warp_add(double* dst, long long key, double v) {
+  const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const auto peers = cg::labeled_partition(warp, key);
+  const double s = cg::reduce(peers, v, cg::plus<double>());
+  if (key >= 0 && peers.thread_rank() == 0) atomicAdd(dst + key, s);
+}
 
 // p = r, y = r / deg, 1/deg, dangling mass of r per (block, column)
 __global__ void init_kernel(const int64_t* indptr, int64_t n, const double* r, int64_t Q,
@@ -66,15 +107,24 @@ __global__ void step_kernel(const int64_t* __restrict__ indptr, const I* __restr
       acc += y[(int64_t)indices[e] * Q + q];
   for (int off = kLanes / 2; off > 0; off /= 2)
     acc += __shfl_down_sync(0xffffffffu, acc, off, kLanes);
-  if (!ok || lane != 0) return;
-  const int64_t bq = (blocks ? blocks[i] : 0) * Q + q;
-  const double ri = r[item];
-  const double v = (acc * d + (1.0 - d) * ri) + (d * ri) * dmass[bq];
-  atomicAdd(&change[bq], fabs(v - p[item]));
-  const double keep = active[bq] ? v : p[item];
-  pn[item] = keep;
-  yn[item] = keep * inv_deg[i];
-  if (indptr[i + 1] == indptr[i]) atomicAdd(&dmass_next[bq], keep);
+  const bool lead = ok && lane == 0;
+  long long bq = -1;
+  double diff = 0.0, keep = 0.0;
+  bool dangling = false;
+  if (lead) {
+    bq = (blocks ? blocks[i] : 0) * Q + q;
+    const double ri = r[item];
+    const double v = (acc * d + (1.0 - d) * ri) + (d * ri) * dmass[bq];
+    diff = fabs(v - p[item]);
+    keep = active[bq] ? v : p[item];
+    pn[item] = keep;
+    yn[item] = keep * inv_deg[i];
+    dangling = indptr[i + 1] == indptr[i];
+  }
+  // one atomic per (block, column) and warp instead of one per node: with one block and
+  // one column every node of the graph would add to the same address
+  warp_add(change, bq, diff);
+  warp_add(dmass_next, dangling ? bq : -1, keep);
 }
 
 // freeze converged (block, column) pairs, reset the residual, count the active pairs
@@ -87,7 +137,19 @@ __global__ void update_kernel(int64_t pairs, double tol, double* change, double*
   active[k] = a;
   change[k] = 0.0;
   dmass_used[k] = 0.0;
-  if (a) atomicAdd(count, 1);
+  const unsigned live = __activemask();
+  const unsigned votes = __ballot_sync(live, a);
+  if (votes && (threadIdx.x % 32) == (unsigned)(__ffs(live) - 1))
+    atomicAdd(count, __popc(votes));  // one atomic per warp
+}
+
+std::string graph_error(int32_t bits) {
+  std::string msg = "ppr_cuda:";
+  if (bits & kBadFirst) msg += " indptr[0] must be 0;";
+  if (bits & kBadOrder) msg += " indptr decreases;";
+  if (bits & kBadColumn) msg += " column index out of range;";
+  if (bits & kBadBlock) msg += " block id out of range;";
+  return msg;
 }
 
 }  // namespace
@@ -95,11 +157,36 @@ __global__ void update_kernel(int64_t pairs, double tol, double* change, double*
 int64_t ppr_cuda(const int64_t* indptr, const void* indices, bool idx64, int64_t n,
                  const double* r, int64_t Q, const int64_t* blocks, int64_t n_blocks,
                  double damping, double tol, int64_t max_iter, double* out, double* work,
-                 int32_t* iwork, void* stream) {
+                 int64_t work_len, int32_t* iwork, int64_t iwork_len, void* stream) {
   if (n < 0 || Q < 0 || n_blocks < 1) throw std::invalid_argument("ppr_cuda: bad sizes");
-  if (n == 0 || Q == 0) return 0;
+  const auto need = ppr_cuda_workspace(n, Q, n_blocks);
+  if (work_len < need.first || iwork_len < need.second)
+    throw std::invalid_argument("ppr_cuda: workspace too small");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int64_t nq = n * Q, pairs = n_blocks * Q;
+  {  // the graph, on the device, before anything reads through it
+    int64_t nnz = 0;  // the caller checked that indices holds indptr[n] entries
+    check(cudaMemcpyAsync(&nnz, indptr + n, sizeof(int64_t), cudaMemcpyDeviceToHost, s),
+          "copy");
+    check(cudaStreamSynchronize(s), "sync");
+    if (nnz < 0) throw std::invalid_argument("ppr_cuda: indptr[n] < 0");
+    int32_t* err = iwork + pairs + 2;
+    check(cudaMemsetAsync(err, 0, sizeof(int32_t), s), "memset");
+    const int64_t total = (n > nnz ? n : nnz);
+    const unsigned grid = total > 0 ? (unsigned)std::min<int64_t>(grid_for(total), 4096) : 1;
+    if (idx64)
+      validate_kernel<int64_t><<<grid, kThreads, 0, s>>>(
+          indptr, static_cast<const int64_t*>(indices), n, nnz, blocks, n_blocks, err);
+    else
+      validate_kernel<int32_t><<<grid, kThreads, 0, s>>>(
+          indptr, static_cast<const int32_t*>(indices), n, nnz, blocks, n_blocks, err);
+    check(cudaGetLastError(), "validate launch");
+    int32_t bits = 0;
+    check(cudaMemcpyAsync(&bits, err, sizeof(int32_t), cudaMemcpyDeviceToHost, s), "copy");
+    check(cudaStreamSynchronize(s), "sync");
+    if (bits) throw std::invalid_argument(graph_error(bits));
+  }
+  if (n == 0 || Q == 0) return 0;
   double* pbuf[2] = {out, work};
   double* ybuf[2] = {work + nq, work + 2 * nq};
   double* inv_deg = work + 3 * nq;

@@ -48,7 +48,9 @@ def query_cost(n_queries: int, n_sessions: int, dim: int, nnz: int, n_nodes: int
     Each question reads its haystack's ``4 N`` node embeddings (O(Q N d)); the packed
     PPR runs ``ceil(Q / C)`` rows over the block-diagonal graph for ``iters`` iterations
     (default ``ceil(log(tol) / log(d))``, the power-iteration contraction), each reading
-    the CSR indices and gathering ``p`` (O(nnz iters)).
+    the CSR once (int32 columns, int64 row pointers) and streaming the state (read ``p``,
+    write the new ``p`` and ``p / deg``: 3 float64 per node and row). The neighbour
+    gathers are not counted: a haystack's block (a few thousand nodes) stays in cache.
     """
     if iters is None:
         iters = max(1, math.ceil(math.log(tol) / math.log(damping)))
@@ -56,26 +58,31 @@ def query_cost(n_queries: int, n_sessions: int, dim: int, nnz: int, n_nodes: int
     sim_flops = 2.0 * n_queries * N_GRAN * n_sessions * dim
     sim_bytes = n_queries * N_GRAN * n_sessions * dim * elem
     ppr_flops = 2.0 * iters * nnz * rows
-    ppr_bytes = iters * (nnz * (8 + 8 * rows) + 4 * n_nodes * 8 * rows)
+    ppr_bytes = iters * (nnz * 4 + n_nodes * 8 + 3 * n_nodes * 8 * rows)
     return sim_flops + ppr_flops, float(sim_bytes + ppr_bytes)
 
 
-def bm25_cost(W, col_key, terms) -> tuple[float, float]:
-    """FLOPs and bytes of BM25 scoring: the postings of every (query, term) pair are read
-    once (a value and a document index each), two FLOPs per posting."""
+def bm25_cost(post, terms, width: int = 0) -> tuple[float, float]:
+    """FLOPs and bytes of BM25 scoring over precomputed postings
+    (:func:`memgas_gpu.lexical.bm25_postings`): the postings of every (query, term) pair
+    are read once (a weight and a document index each, two FLOPs per posting) and the
+    dense ``[Q, width]`` float32 scores are written once."""
     import torch
 
-    n_cols = int(col_key.numel())
+    ck = post.col_key.cpu()
+    n_cols = int(ck.numel())
+    Q = terms.q_indptr.numel() - 1
+    out_bytes = 4.0 * Q * width
     if n_cols == 0:
-        return 0.0, 0.0
-    df = torch.bincount(W.indices()[1].cpu(), minlength=n_cols)
-    rows = torch.repeat_interleave(torch.arange(terms.q_indptr.numel() - 1),
+        return 0.0, out_bytes
+    df = (post.col_ptr[1:] - post.col_ptr[:-1]).cpu()
+    rows = torch.repeat_interleave(torch.arange(Q),
                                    (terms.q_indptr[1:] - terms.q_indptr[:-1]).cpu())
     key = terms.q_group.cpu()[rows] * terms.n_terms + terms.q_indices.cpu()
-    ck = col_key.cpu()
     pos = torch.searchsorted(ck, key).clamp_max(n_cols - 1)
     touched = int(df[pos][ck[pos] == key].sum())
-    return 2.0 * touched, float(touched * (W.values().element_size() + 8))
+    per = post.score.element_size() + post.doc.element_size()
+    return 2.0 * touched, float(touched * per) + out_bytes
 
 
 def encode_cost(lengths: Sequence[int], layers: int, hidden: int, intermediate: int

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Optional
 
 from .._io import atomic_write
+from .bandwidth import bandwidth_rows
 from .limits import RATIO_GOALS, evaluate_goals, limit_seconds
 from .scaling import scaling_rows, sweep_series
 from .timing import Record, percentile
 
 __all__ = ["ratios", "write_json", "write_markdown", "write_plots", "write_report",
-           "goal_table", "fmt_seconds", "fmt_rate", "fmt_bytes"]
+           "goal_table", "bandwidth_table", "fmt_seconds", "fmt_rate", "fmt_bytes"]
 
 STAGE_TITLE = {"graph": "graph build", "query": "routing + PPR + ranking", "bm25": "BM25",
                "encode": "encoding", "io_save": "index save", "io_load": "index load",
@@ -157,6 +158,26 @@ def goal_table(records, device_type: str = "cuda") -> list[str]:
     return lines
 
 
+def bandwidth_table(records, meta: dict, headline_only: bool = False) -> list[str]:
+    """Markdown lines: the memory-bound stages against this machine's measured
+    bandwidth (bytes touched, implied time, measured / limit)."""
+    bw = meta.get("bandwidth")
+    rows = [r for r in bandwidth_rows(records, bw) if r["headline"] or not headline_only]
+    if not rows:
+        return []
+    lines = [f"Measured in this run ({bw['threads']} thread(s), "
+             f"{fmt_bytes(bw['buffer_bytes'])} buffers): copy {bw['copy'] / 1e9:.3g} GB/s, "
+             f"triad {bw['triad'] / 1e9:.3g} GB/s. Limit = bytes the stage must touch / "
+             "triad bandwidth.", "",
+             "| stage | shape | bytes touched | limit | measured | measured / limit |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {STAGE_TITLE.get(r['stage'], r['stage'])} | {_shape(r['size'])} | "
+                     f"{fmt_bytes(r['bytes'])} | {fmt_seconds(r['limit_s'])} | "
+                     f"{fmt_seconds(r['measured_s'])} | {r['ratio']:.3g}x |")
+    return lines
+
+
 def _target(g: dict) -> str:
     if g["kind"] == "max_s":
         return "<= " + fmt_seconds(g["target"])
@@ -212,9 +233,16 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
             f"{k[:-2]} {fmt_seconds(v)}" for k, v in b.items())
             + f"; {idx[0].extra.get('distinct_texts')} distinct of "
               f"{idx[0].extra.get('texts')} texts encoded"
+            + (f"; {idx[0].extra['distinct_sessions']} distinct sessions in "
+               f"{idx[0].extra['session_slots']} session slots, "
+               f"{idx[0].extra.get('tokens_encoded')} tokens encoded"
+               if "distinct_sessions" in idx[0].extra else "")
             + (f"; extrapolated to {idx[0].extra['full_haystacks']} haystacks: "
                f"{fmt_seconds(idx[0].extra['full_seconds'])}" if "full_seconds" in idx[0].extra
                else "") + "."]
+    bw = bandwidth_table(records, meta)
+    if bw:
+        L += ["", "## Memory-bandwidth limit (this machine)", ""] + bw
     L += ["", "## Scaling (log-log slope of time vs size)", "",
           "| stage | axis | impl | sizes | times | slope (all) | slope (top 2) | expected | "
           "peak memory (largest) | why |",

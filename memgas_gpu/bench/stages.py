@@ -10,8 +10,9 @@
   :func:`memgas_session_scores` for one question against its own haystack (latency
   p50/p99), vs :func:`memgas_gpu.reference.reference_session_scores` (numpy router,
   igraph prpack PPR) and ``np.argsort``, one question at a time;
-* BM25: :func:`memgas_gpu.lexical.bm25_scores` for all questions vs ``bm25s``
-  ``get_scores`` one question at a time on its haystack's own index.
+* BM25: :func:`memgas_gpu.lexical.bm25_gather` over precomputed postings for all
+  questions (dense ``[Q, N]`` scores) vs ``bm25s`` ``get_scores`` one question at a
+  time on its haystack's own index.
 
 Every function returns ``[ours, reference]`` :class:`Record` s (the reference may be
 missing when its library is not installed; the reason is logged).
@@ -92,14 +93,28 @@ def query_runner(h: Haystacks, graph: tuple, q: torch.Tensor, qconv: torch.Tenso
 
 
 def bm25_runner(terms: Terms, device=None) -> Callable[[], torch.Tensor]:
-    """``f()`` -> sparse ``[Q, n_docs]`` BM25 scores (the per-haystack index built here)."""
-    from ..lexical import bm25_scores, bm25_weights
+    """``f()`` -> dense ``[Q, n_max]`` BM25 scores of every query against its haystack's
+    documents (what ``bm25s`` ``get_scores`` returns per question). The posting lists
+    (:func:`memgas_gpu.lexical.bm25_postings`, question-independent, as ``bm25s`` builds
+    at index time) are built here, outside the timing; each call is one gather of the
+    touched postings and one scatter-add."""
+    from ..lexical import bm25_gather, bm25_postings
 
     t = terms.to(device or "cpu")
-    W, col_key = bm25_weights(t.doc_indptr, t.doc_indices, t.doc_tf, t.doc_group, t.n_terms)
-    run = lambda: bm25_scores(W, col_key, t.n_terms, t.q_indptr, t.q_indices,  # noqa: E731
-                              t.q_tf, t.q_group)
-    run.index = (W, col_key, t)
+    post = bm25_postings(t.doc_indptr, t.doc_indices, t.doc_tf, t.doc_group, t.n_terms)
+    n_docs = t.doc_group.numel()
+    sizes = torch.bincount(t.doc_group) if n_docs else t.doc_group.new_zeros(1)
+    first = torch.cumsum(sizes, 0) - sizes
+    doc_pos = torch.arange(n_docs, device=t.doc_group.device) - first[t.doc_group]
+    width = int(sizes.max()) if n_docs else 0
+    Q = t.q_indptr.numel() - 1
+
+    def run():
+        q, d, v = bm25_gather(post, t.q_indptr, t.q_indices, t.q_tf, t.q_group)
+        out = torch.zeros(Q * width, dtype=v.dtype, device=v.device)
+        return out.index_add_(0, doc_pos.index_select(0, d).add_(q * width), v).view(Q, width)
+
+    run.index = (post, t, width)
     return run
 
 
@@ -239,11 +254,11 @@ def bm25_point(terms: Terms, n_sessions: int, *, device=None, rounds: int = 5,
     except ImportError as e:
         log(f"bm25 skipped: memgas_gpu.lexical is not importable ({e})")
         return []
-    W, col_key, t = run.index
+    post, t, width = run.index
     n_conv = int(t.doc_group.max()) + 1 if t.doc_group.numel() else 0
     Q = t.q_indptr.numel() - 1
     size = {"haystacks": n_conv, "sessions": n_sessions, "queries": Q}
-    flops, nbytes = bm25_cost(W, col_key, t)
+    flops, nbytes = bm25_cost(post, t, width)
     rec = measure(run, stage="bm25", impl="ours", size=size, work=Q, unit="queries", rounds=rounds,
                   warmup=warmup, device=device, sweep=sweep,
                   extra={"flops": flops, "bytes": nbytes})

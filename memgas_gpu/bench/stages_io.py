@@ -194,11 +194,12 @@ def index_point(path: str, enc, *, device=None, ref_questions: int = 4,
     from ..retrieve import MemoryIndex
 
     dev = str(device or enc.device)
+    seen = _EncodeLog(enc)  # the texts handed to the encoder (counted after the timing)
     t0 = time.perf_counter()
     with PeakMemory(device or enc.device) as peak:
         ds = load_dataset(path)
         t_load = time.perf_counter() - t0
-        idx = MemoryIndex.build(ds, enc, device=dev, concat=False, progress=False)
+        idx = MemoryIndex.build(ds, seen, device=dev, concat=False, progress=False)
         t1 = time.perf_counter()
         idx.retrieve(method="memgas", device=dev)
         sync(dev)
@@ -210,7 +211,10 @@ def index_point(path: str, enc, *, device=None, ref_questions: int = 4,
     tm = dict(idx.config.get("timings", {}), load_s=t_load, retrieve_s=t_ret)
     enc_stats = idx.config["encoding"]["sessions_and_texts"]
     extra = {"breakdown_s": tm, "distinct_texts": enc_stats["distinct"],
-             "texts": enc_stats["texts"], "questions": len(ds.questions)}
+             "texts": enc_stats["texts"], "questions": len(ds.questions),
+             "session_slots": sum(len(c.sessions) for c in ds),
+             "distinct_sessions": len(ds.distinct_sessions()),
+             "texts_encoded": len(seen.texts), "tokens_encoded": seen.tokens()}
     note = "load + build (expand, encode, graph) + retrieve all questions"
     if full_haystacks and full_haystacks != C:
         extra["full_seconds"] = total * full_haystacks / C
@@ -225,6 +229,28 @@ def index_point(path: str, enc, *, device=None, ref_questions: int = 4,
         except ImportError as e:
             log(f"index reference skipped: {e}")
     return recs
+
+
+class _EncodeLog:
+    """An encoder that remembers every text it encodes (all else is delegated)."""
+
+    def __init__(self, enc) -> None:
+        self._enc = enc
+        self.texts: list = []
+
+    def __getattr__(self, name):
+        return getattr(self._enc, name)
+
+    def encode(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self._enc.encode(texts, *args, **kwargs)
+
+    def tokens(self) -> Optional[int]:
+        """Real tokens the model processed for the logged texts (None if unknown)."""
+        count = getattr(self._enc, "count_tokens", None)
+        if count is None or not self.texts:
+            return None if count is None else 0
+        return int(sum(count(self.texts)))
 
 
 def _reference_index(path, ds, enc, ref_questions: int, size: dict, n_rows: int) -> Record:

@@ -27,6 +27,7 @@ import torch
 from .data import make_haystacks, make_queries, make_terms, synthetic_texts
 from .stages import bm25_point, graph_point, query_point
 from .stages_io import encode_point, index_point, io_point, make_encoder
+from .bandwidth import measure_bandwidth
 from .timing import Deadline
 
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
@@ -159,6 +160,11 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
                 "machine_info": machine_info(dev), "config": _asdict(cfg),
                 "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     try:
+        if {"query", "bm25"} & set(stages):  # the memory-bandwidth floor, same threads
+            bw = measure_bandwidth(dev, nbytes=(1 << 24) if scale == "tiny" else (1 << 28))
+            res.meta["bandwidth"] = bw
+            log(f"memory bandwidth ({bw['threads']} thread(s)): copy {bw['copy'] / 1e9:.3g} "
+                f"GB/s, triad {bw['triad'] / 1e9:.3g} GB/s")
         with tempfile.TemporaryDirectory(prefix="memgas_bench_") as tmp:
             # goal-bearing work first, so a time budget cuts the least useful points
             _sweep("haystacks", cfg, dev, stages, reference, deadline, res, log, cache)

@@ -31,7 +31,7 @@ def bench(out, scale, device, stages, threads, budget_s, no_reference, quiet) ->
     """Benchmark every stage, ours vs the reference way; write report.md, results.json
     and log-log scaling plots to OUT."""
     from ..bench import run_suite, write_report
-    from ..bench.report import goal_table
+    from ..bench.report import bandwidth_table, goal_table
 
     chosen = [s.strip() for s in stages.split(",") if s.strip()]
     bad = sorted(set(chosen) - set(STAGES))
@@ -49,6 +49,9 @@ def bench(out, scale, device, stages, threads, budget_s, no_reference, quiet) ->
     paths = write_report(out, res.records, res.meta, log=log)
     dev = res.meta["machine_info"]["device"]
     click.echo("\n".join(_summary(res.records)))
+    bw = bandwidth_table(res.records, res.meta, headline_only=True)
+    if bw:
+        click.echo("\n" + "\n".join(bw))
     if dev.startswith("cuda"):
         click.echo("\n".join(goal_table(res.records)))
     click.echo(f"wrote {paths['report']}, {paths['json']} and {len(paths['plots'])} plot(s) "

@@ -16,7 +16,17 @@ from ..synth import (
 
 _OPTION = {"questions": "--questions", "sessions": "--sessions", "turns": "--turns",
            "words": "--words", "pool": "--pool", "abstention_rate": "--abstention-rate",
-           "distractor_rate": "--distractor-rate"}
+           "distractor_rate": "--distractor-rate", "distinct_sessions": "--distinct-sessions"}
+
+
+def _distinct(value: Optional[str]):
+    if value is None or value == "all":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"an integer or 'all', got {value!r}",
+                                 param_hint="'--distinct-sessions'") from None
 
 
 def _preset_help() -> str:
@@ -35,6 +45,10 @@ def _preset_help() -> str:
 @click.option("--words", type=int, default=None, help="About how many words per message.")
 @click.option("--pool", type=int, default=None,
               help="Shared filler-session pool size [default: 2 x sessions].")
+@click.option("--distinct-sessions", "distinct_sessions", default=None, metavar="N|all",
+              help="Distinct filler sessions in the file: N (the pool size, as --pool) or "
+                   "'all' (every session its own, nothing for deduplication to save; "
+                   "streamed, any size). Default: the pool, 2 x sessions.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--abstention-rate", type=float, default=DEFAULT_ABSTENTION_RATE,
               show_default=True, help="Fraction of _abs (abstention) questions.")
@@ -43,13 +57,16 @@ def _preset_help() -> str:
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar on stderr.")
 def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int],
-          turns: Optional[int], words: Optional[int], pool: Optional[int], seed: int,
-          abstention_rate: float, distractor_rate: float, progress: bool) -> None:
+          turns: Optional[int], words: Optional[int], pool: Optional[int],
+          distinct_sessions: Optional[str], seed: int, abstention_rate: float,
+          distractor_rate: float, progress: bool) -> None:
     """Write a synthetic LongMemEval-format file (realistic chat, planted evidence).
 
     Deterministic for a seed. `--scale m` is the LongMemEval-M shape (500 questions x
-    500 sessions, ~1M tokens per haystack, ~2.5 GB).
+    500 sessions, ~1M tokens per haystack, ~2.5 GB); its 250,000 session slots reuse
+    about 1,800 distinct sessions unless --distinct-sessions says otherwise.
     """
+    distinct = _distinct(distinct_sessions)
     preset = SCALES[scale]
     shape = {
         "questions": preset["questions"] if questions is None else questions,
@@ -59,10 +76,11 @@ def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int
     }
     try:
         validate_params(**shape, pool=pool, abstention_rate=abstention_rate,
-                        distractor_rate=distractor_rate)
+                        distractor_rate=distractor_rate, distinct_sessions=distinct)
     except SynthParamError as e:
         raise click.BadParameter(e.message, param_hint=f"'{_OPTION[e.param]}'") from None
     summary = write_synthetic(out, **shape, pool=pool, seed=seed,
                               abstention_rate=abstention_rate,
-                              distractor_rate=distractor_rate, progress=progress)
+                              distractor_rate=distractor_rate, progress=progress,
+                              distinct_sessions=distinct)
     click.echo(summary.line())

@@ -11,8 +11,14 @@ signal         score of session i for question q
 ``bm25_K``     BM25 against session i's keywords; corpus = the conversation's keyword lists
 =============  ==========================================================================
 
-All questions are scored in one sparse product per granularity (conversations are
-processed in chunks bounded by ``max_nnz`` document terms).
+What does not depend on the question is computed once per (granularity, BM25 setting,
+device) and cached on the lexical index (``LexicalIndex.score_cache``): the posting
+lists of every (conversation, term) with their ``idf · tfc`` weights under that
+conversation's statistics, as ``bm25s`` stores per index. Scoring all questions is then
+one key lookup, one gather of the touched postings and one scatter per signal
+(:func:`memgas_gpu.ops.bm25.bm25_gather`). The cache is rebuilt when the index's
+conversation layout changes (sessions added or removed) and dropped by
+``LexicalIndex.invalidate()``.
 """
 from __future__ import annotations
 
@@ -23,9 +29,10 @@ import torch
 from torch import Tensor
 
 from ..granularity import CODES
-from ..ops.bm25 import bm25_scores, bm25_weights
+from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 
-__all__ = ["LEXICAL_SIGNALS", "BM25Params", "lexical_signals"]
+__all__ = ["LEXICAL_SIGNALS", "BM25Params", "GranularityPostings", "lexical_signals",
+           "lexical_postings"]
 
 LEXICAL_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
 _GRAN = {"bm25_S": "S", "bm25_Tmax": "T", "bm25_Tmean": "T", "bm25_U": "U", "bm25_K": "K"}
@@ -40,10 +47,107 @@ class BM25Params:
     method: str = "lucene"
 
 
-def _layout(index, conv: Tensor):
-    sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
-    n = sizes[conv]
-    return n, int(n.max()) if n.numel() else 0
+@dataclass
+class GranularityPostings:
+    """Cached BM25 postings of one granularity over every conversation of an index.
+
+    Attributes:
+        post: postings; keys ``conversation * n_terms + term``, ``doc`` indexes the
+            documents of this granularity enumerated conversation by conversation,
+            session by session (one per session for S, U, K; one per turn for T).
+        doc_session: ``[n_docs]`` session position (within its conversation) of each doc.
+        doc_weight: ``[n_docs]`` 1 / (turns of the doc's session) for T (the mean), else 1.
+        conv_offsets, row_slot: the index layout it was built for (checked on use).
+    """
+
+    post: BM25Postings
+    doc_session: Tensor
+    doc_weight: Tensor
+    conv_offsets: Tensor
+    row_slot: Tensor
+
+    def matches(self, index) -> bool:
+        return (torch.equal(self.conv_offsets, index.conv_offsets)
+                and torch.equal(self.row_slot, index.row_slot))
+
+
+def _chunks(index, lex, max_nnz: int) -> list:
+    """Conversation ranges ``[c0, c1)`` of at most ``max_nnz`` S-document terms each."""
+    offs = index.conv_offsets
+    s_nnz = lex.docs["S"].indptr[1:] - lex.docs["S"].indptr[:-1]
+    row_cost = torch.cat([torch.zeros(1, dtype=torch.int64),
+                          s_nnz[index.row_slot].cumsum(0)])
+    cost = (row_cost[offs[1:]] - row_cost[offs[:-1]]).tolist()
+    out, start = [], 0
+    while start < len(cost):
+        end, acc = start, 0
+        while end < len(cost) and (end == start or acc + cost[end] <= max_nnz):
+            acc += cost[end]
+            end += 1
+        out.append((start, end))
+        start = end
+    return out
+
+
+def lexical_postings(index, granularity: str, params: Optional[BM25Params] = None,
+                     device=None, max_nnz: int = 1 << 24,
+                     lexical=None) -> GranularityPostings:
+    """The cached :class:`GranularityPostings` of ``index`` (built on first use).
+
+    Args:
+        index: a MemoryIndex built with ``lexical=True``.
+        granularity: ``"S"``, ``"T"``, ``"U"`` or ``"K"``.
+        params: :class:`BM25Params`.
+        device: where the postings live (default CPU).
+        max_nnz: document terms per conversation chunk while building.
+        lexical: the LexicalIndex to use (default ``index.lexical``).
+    """
+    lex = lexical if lexical is not None else index.lexical
+    p = params or BM25Params()
+    dev = torch.device(device or "cpu")
+    key = (granularity, float(p.k1), float(p.b), p.method, str(dev))
+    got = lex.score_cache.get(key)
+    if got is not None and got.matches(index):
+        return got
+    V = len(lex.vocab)
+    offs = index.conv_offsets
+    ptr = lex.doc_ptr[granularity]
+    parts, n_docs = [], 0
+    for c0, c1 in _chunks(index, lex, max_nnz):
+        rows = torch.arange(int(offs[c0]), int(offs[c1]))
+        row_conv = torch.repeat_interleave(torch.arange(c0, c1),
+                                           offs[c0 + 1:c1 + 1] - offs[c0:c1])
+        row_pos = rows - offs[row_conv]
+        slots = index.row_slot[rows]
+        cnt = ptr[slots + 1] - ptr[slots]
+        doc_row = torch.repeat_interleave(torch.arange(rows.numel()), cnt)
+        first = torch.cumsum(cnt, 0) - cnt
+        doc_ids = ptr[slots][doc_row] + torch.arange(doc_row.numel()) - first[doc_row]
+        docs = lex.docs[granularity].rows(doc_ids).to(dev)
+        post = bm25_postings(docs.indptr, docs.indices, docs.tf, row_conv[doc_row].to(dev), V,
+                             k1=p.k1, b=p.b, method=p.method)
+        weight = 1.0 / cnt[doc_row].clamp_min(1).float() if granularity == "T" else \
+            torch.ones(doc_row.numel())
+        parts.append((post, row_pos[doc_row], weight, n_docs))
+        n_docs += doc_row.numel()
+    if parts:
+        col_ptr = [parts[0][0].col_ptr[:1]]
+        for post, _, _, _ in parts:
+            col_ptr.append(post.col_ptr[1:] + col_ptr[-1][-1])
+        post = BM25Postings(torch.cat([x[0].col_key for x in parts]), torch.cat(col_ptr),
+                            torch.cat([x[0].doc + x[3] for x in parts]),
+                            torch.cat([x[0].score for x in parts]), V)
+        doc_session = torch.cat([x[1] for x in parts]).to(dev)
+        doc_weight = torch.cat([x[2] for x in parts]).to(dev)
+    else:
+        e = torch.zeros(0, dtype=torch.int64, device=dev)
+        post = BM25Postings(e, torch.zeros(1, dtype=torch.int64, device=dev), e,
+                            torch.zeros(0, device=dev), V)
+        doc_session, doc_weight = e, torch.zeros(0, device=dev)
+    got = GranularityPostings(post, doc_session, doc_weight, offs.clone(),
+                              index.row_slot.clone())
+    lex.score_cache[key] = got
+    return got
 
 
 def lexical_signals(index, questions: Optional[Tensor] = None,
@@ -60,14 +164,16 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         names: signals to compute (subset of :data:`LEXICAL_SIGNALS`).
         params: :class:`BM25Params`.
         device: where to compute (default: CUDA if available).
-        max_nnz: document terms per conversation chunk.
+        max_nnz: document terms per conversation chunk when the postings are built.
         queries: optional :class:`~memgas_gpu.lexical.terms.TermMatrix` replacing the
-            stored question terms (row j for ``questions[j]``, or for query j of
-            ``query_conversation``).
+            stored question terms (row j for ``questions[j]``, or for
+            ``query_conversation[j]``).
         query_conversation: ``[Q]`` conversation index of each row of ``queries``, for
-            queries that are not questions of the index (``questions`` is then ignored).
+            questions that are not in the index (needs ``queries``; ``questions`` is then
+            ignored).
         lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
-            ``index.lexical`` (same distinct sessions, e.g. another tokenizer).
+            ``index.lexical`` (same distinct sessions, e.g. another tokenizer); its own
+            postings cache is used.
     """
     lex = lexical if lexical is not None else getattr(index, "lexical", None)
     if lex is None:
@@ -81,70 +187,44 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         if queries is None:
             raise ValueError("query_conversation needs queries= (their term counts)")
         conv = torch.as_tensor(query_conversation, dtype=torch.long).cpu()
-        qi = None
+        if conv.numel() != queries.n_rows:
+            raise ValueError(f"query_conversation has {conv.numel()} entries but queries "
+                             f"has {queries.n_rows} rows")
+        if conv.numel() and (int(conv.min()) < 0 or int(conv.max()) >= index.n_conversations):
+            raise ValueError(f"query_conversation out of range [0, {index.n_conversations})")
+        qmat = queries
     else:
         qi = (torch.arange(len(index.questions)) if questions is None
               else torch.as_tensor(questions, dtype=torch.long))
         conv = index.q_conv[qi]
-    n, n_max = _layout(index, conv)
+        qmat = queries if queries is not None else lex.queries.rows(qi)
+    sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+    n = sizes[conv]
+    n_max = int(n.max()) if n.numel() else 0
     Q = conv.numel()
     out = {name: torch.zeros(Q, n_max, dtype=torch.float32, device=dev) for name in names}
     grans = sorted({_GRAN[x] for x in names}, key=CODES.index)
-    if Q == 0 or not grans:
+    if Q == 0 or not grans or n_max == 0:
         return out
-    qmat = queries if queries is not None else lex.queries.rows(qi)
-    V = len(lex.vocab)
-    convs = torch.unique(conv)
-    offs = index.conv_offsets
-    # chunk conversations by their S-document size (a proxy for every granularity)
-    s_nnz = lex.docs["S"].indptr[1:] - lex.docs["S"].indptr[:-1]
-    cost = [int(s_nnz[index.row_slot[offs[c]:offs[c + 1]]].sum()) for c in convs.tolist()]
-    start = 0
-    while start < convs.numel():
-        end, acc = start, 0
-        while end < convs.numel() and (end == start or acc + cost[end] <= max_nnz):
-            acc += cost[end]
-            end += 1
-        cs = convs[start:end]
-        start = end
-        rows = torch.cat([torch.arange(int(offs[c]), int(offs[c + 1])) for c in cs.tolist()])
-        row_group = torch.repeat_interleave(torch.arange(cs.numel()), offs[cs + 1] - offs[cs])
-        row_pos = rows - offs[cs][row_group]
-        local = torch.full((int(conv.max()) + 1,), -1, dtype=torch.long)
-        local[cs] = torch.arange(cs.numel())
-        qsel = torch.nonzero(local[conv] >= 0).squeeze(1)
-        qm = qmat.rows(qsel)
-        q_group = local[conv[qsel]]
-        slots = index.row_slot[rows]
-        for g in grans:
-            ptr = lex.doc_ptr[g]
-            cnt = ptr[slots + 1] - ptr[slots]
-            doc_row = torch.repeat_interleave(torch.arange(rows.numel()), cnt)
-            first = torch.cat([torch.zeros(1, dtype=torch.long), cnt.cumsum(0)[:-1]])
-            doc_ids = ptr[slots][doc_row] + torch.arange(doc_row.numel()) - first[doc_row]
-            docs = lex.docs[g].rows(doc_ids).to(dev)
-            W, col_key = bm25_weights(docs.indptr, docs.indices, docs.tf,
-                                      row_group[doc_row].to(dev), V, k1=p.k1, b=p.b,
-                                      method=p.method)
-            S = bm25_scores(W, col_key, V, qm.indptr.to(dev), qm.indices.to(dev),
-                            qm.tf.to(dev), q_group.to(dev))
-            qq, dd = S.indices()
-            val = S.values().float()
-            tq = qsel.to(dev)[qq]
-            pos = row_pos.to(dev)[doc_row.to(dev)[dd]]
-            flat = tq * n_max + pos
-            for name in names:
-                if _GRAN[name] != g:
-                    continue
-                o = out[name].view(-1)
-                if name == "bm25_Tmean":
-                    o.index_add_(0, flat, val)
-                    turns = torch.zeros(cs.numel(), n_max, device=dev)
-                    turns[row_group.to(dev), row_pos.to(dev)] = cnt.to(dev, torch.float32)
-                    qs = qsel.to(dev)
-                    out[name][qs] = out[name][qs] / turns[q_group.to(dev)].clamp_min(1)
-                elif g == "T":
-                    o.scatter_reduce_(0, flat, val, "amax")
-                else:
-                    o.index_add_(0, flat, val)
+    qm = qmat.to(dev)
+    conv_d = conv.to(dev)
+    for g in grans:
+        gp = lexical_postings(index, g, p, dev, max_nnz, lexical=lex)
+        q, doc, val = bm25_gather(gp.post, qm.indptr, qm.indices, qm.tf, conv_d)
+        val = val.float()
+        flat = gp.doc_session.index_select(0, doc).add_(q * n_max)
+        for name in names:
+            if _GRAN[name] != g:
+                continue
+            o = out[name].view(-1)
+            if name == "bm25_Tmax":  # per-turn sums first, then the max over turns
+                n_docs = max(int(gp.doc_session.numel()), 1)
+                key, inv = torch.unique(q * n_docs + doc, return_inverse=True)
+                turn = torch.zeros(key.numel(), device=dev).index_add_(0, inv, val)
+                qd, dd = key // n_docs, key % n_docs
+                o.scatter_reduce_(0, qd * n_max + gp.doc_session[dd], turn, "amax")
+            elif name == "bm25_Tmean":
+                o.index_add_(0, flat, val * gp.doc_weight.index_select(0, doc))
+            else:
+                o.index_add_(0, flat, val)
     return out

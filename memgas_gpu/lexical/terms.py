@@ -80,6 +80,9 @@ class LexicalIndex:
             ``doc_ptr[g][slot]:doc_ptr[g][slot+1]`` (one for S, U, K; one per turn for T).
         doc_ptr: per granularity ``[D+1]`` int64.
         queries: a :class:`TermMatrix` with one row per question of the index.
+        score_cache: derived BM25 postings per (granularity, setting, device), built on
+            first use by :func:`memgas_gpu.lexical.lexical_postings` (not persisted);
+            cleared by :meth:`invalidate`.
     """
 
     def __init__(self, tokenizer: Tokenizer, vocab: Vocabulary, docs: dict, doc_ptr: dict,
@@ -91,6 +94,16 @@ class LexicalIndex:
         self.queries = queries
         #: lexical association graphs, built on first use (not persisted)
         self.graphs: dict = {}
+        #: BM25 postings, built on first use (not persisted); see invalidate()
+        self.score_cache: dict = {}
+
+    def invalidate(self) -> None:
+        """Drop everything derived from the documents and the index layout (BM25
+        postings, lexical graphs). Call it after adding or removing sessions; the
+        postings also rebuild by themselves when the conversation layout they were built
+        for changed."""
+        self.graphs.clear()
+        self.score_cache.clear()
 
     @classmethod
     def build(cls, sessions: Sequence, summaries: Sequence[str], keywords: Sequence[str],
@@ -110,10 +123,6 @@ class LexicalIndex:
         # later that contains them must match (as in a rebuild)
         queries = TermMatrix.from_ids([vocab.encode(tok.tokens(q)) for q in questions])
         return cls(tok, vocab, docs, ptr, queries)
-
-    def invalidate(self) -> None:
-        """Drop everything derived from the documents (called when they change)."""
-        self.graphs.clear()
 
     def append_session(self, session, summary: str, keywords: str) -> None:
         """Add one distinct session (the next slot)."""

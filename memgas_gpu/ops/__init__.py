@@ -10,6 +10,9 @@ from .propagate import propagate, query_waves, seed_scores
 from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
+from .similarity import (block_pattern, packed_reset, packed_session_sums,
+                         packed_similarities, query_rows, regular_packed_scores,
+                         regular_router_seeds)
 
 __all__ = [
     "mmr",
@@ -38,4 +41,11 @@ __all__ = [
     "node_scores",
     "sum_granularities",
     "rank_sessions",
+    "block_pattern",
+    "packed_similarities",
+    "regular_router_seeds",
+    "packed_reset",
+    "packed_session_sums",
+    "regular_packed_scores",
+    "query_rows",
 ]

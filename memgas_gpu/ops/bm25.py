@@ -19,16 +19,25 @@ columns, so ``Q @ Wᵀ`` (sparse × sparse) yields exactly the in-group (query,
 document) pairs that share a term, on CPU or CUDA, with no dense ``[Q, n_docs]``
 intermediate.  ``bm25l`` / ``bm25+`` (which add a score to every document) are not
 provided.
+
+For repeated scoring against the same corpora, :func:`bm25_postings` precomputes what
+does not depend on the question (as ``bm25s`` does at index time): for every
+(group, term) column the posting list of (document, ``idf · tfc``), sorted by column.
+:func:`bm25_gather` then scores all queries with one lookup of their (group, term)
+keys, one gather of the touched postings and one scatter-add: the work is the postings
+touched, with no sparse-matrix product and no per-call weight computation.
 """
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["BM25_METHODS", "bm25_weights", "bm25_scores", "bm25_dense"]
+__all__ = ["BM25_METHODS", "bm25_weights", "bm25_scores", "bm25_dense", "BM25Postings",
+           "bm25_postings", "bm25_gather"]
 
 BM25_METHODS = ("lucene", "robertson", "atire")
 
@@ -138,3 +147,90 @@ def bm25_dense(doc_indptr: Tensor, doc_indices: Tensor, doc_tf: Tensor, q_indptr
         q_group = torch.zeros(Q, dtype=torch.int64, device=dev)
     W, col_key = bm25_weights(doc_indptr, doc_indices, doc_tf, doc_group, n_terms, **kwargs)
     return bm25_scores(W, col_key, n_terms, q_indptr, q_indices, q_tf, q_group).to_dense()
+
+
+@dataclass
+class BM25Postings:
+    """Question-independent BM25 data: per (group, term) column its posting list.
+
+    Attributes:
+        col_key: ``[n_cols]`` int64, sorted, ``group * n_terms + term``.
+        col_ptr: ``[n_cols + 1]`` int64: column ``c``'s postings are
+            ``col_ptr[c]:col_ptr[c + 1]``.
+        doc: ``[nnz]`` int64 document (row) of each posting.
+        score: ``[nnz]`` ``idf · tfc`` of each posting.
+        n_terms: the vocabulary size of the keys.
+    """
+
+    col_key: Tensor
+    col_ptr: Tensor
+    doc: Tensor
+    score: Tensor
+    n_terms: int
+
+    def to(self, device) -> "BM25Postings":
+        return BM25Postings(self.col_key.to(device), self.col_ptr.to(device),
+                            self.doc.to(device), self.score.to(device), self.n_terms)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size()
+                   for t in (self.col_key, self.col_ptr, self.doc, self.score))
+
+
+def bm25_postings(indptr: Tensor, indices: Tensor, tf: Tensor, group: Tensor, n_terms: int,
+                  **kwargs) -> BM25Postings:
+    """Posting lists of the BM25 weights (same arguments as :func:`bm25_weights`)."""
+    W, col_key = bm25_weights(indptr, indices, tf, group, n_terms, **kwargs)
+    doc, col = W.indices()
+    order = torch.argsort(col, stable=True)  # by column, documents ascending within
+    counts = torch.bincount(col, minlength=col_key.numel())
+    col_ptr = torch.zeros(col_key.numel() + 1, dtype=torch.int64, device=col.device)
+    col_ptr[1:] = counts.cumsum(0)
+    return BM25Postings(col_key, col_ptr, doc[order], W.values()[order], n_terms)
+
+
+def bm25_gather(post: BM25Postings, q_indptr: Tensor, q_indices: Tensor, q_tf: Tensor,
+                q_group: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The touched postings of every query: ``(query, doc, qtf · score)`` triples.
+
+    Summing the values per ``(query, doc)`` (e.g. ``index_add_`` into a dense block)
+    gives :func:`bm25_scores`; a (query, doc) pair appears once per shared term.
+
+    Args:
+        post: from :func:`bm25_postings`.
+        q_indptr, q_indices, q_tf: ``[Q, n_terms]`` CSR query term counts.
+        q_group: ``[Q]`` group of each query.
+
+    Returns:
+        ``(q, doc, value)``: ``[P]`` int64, ``[P]`` int64 and ``[P]`` (``post.score``'s
+        dtype), on ``post``'s device.
+    """
+    # index_select, not t[idx]: on the CPU, advanced indexing of 1-D tensors was 15x
+    # slower (2.3 ms vs 0.15 ms for 100k postings, 1 thread)
+    dev = post.score.device
+    Q = q_indptr.numel() - 1
+    q_indptr = q_indptr.to(dev)
+    qrow = torch.repeat_interleave(torch.arange(Q, device=dev), q_indptr[1:] - q_indptr[:-1])
+    key = q_group.to(device=dev, dtype=torch.int64).index_select(0, qrow) * post.n_terms + \
+        q_indices.to(device=dev, dtype=torch.int64)
+    n_cols = post.col_key.numel()
+    if n_cols == 0 or key.numel() == 0:
+        e = torch.zeros(0, dtype=torch.int64, device=dev)
+        return e, e, post.score.new_zeros(0)
+    pos = torch.searchsorted(post.col_key, key).clamp_max_(n_cols - 1)
+    hit = post.col_key.index_select(0, pos) == key
+    start = post.col_ptr.index_select(0, pos)
+    cnt = torch.where(hit, post.col_ptr.index_select(0, pos + 1) - start,
+                      torch.zeros_like(start))
+    ends = torch.cumsum(cnt, 0)
+    n_post = int(ends[-1])
+    owner = torch.repeat_interleave(torch.arange(key.numel(), device=dev), cnt,
+                                    output_size=n_post)
+    # source posting of output slot k: start[owner] + (k - first[owner])
+    src = torch.arange(n_post, device=dev).add_((start - (ends - cnt)).index_select(0, owner))
+    val = post.score.index_select(0, src)
+    qtf = q_tf.to(device=dev, dtype=post.score.dtype)
+    if not bool((qtf == 1).all()):  # most question terms occur once
+        val.mul_(qtf.index_select(0, owner))
+    return qrow.index_select(0, owner), post.doc.index_select(0, src), val

@@ -303,11 +303,16 @@ def gmm1d_accept(
     valid_s = pos < n[:, None]
     xs = torch.where(valid_s, xs, torch.zeros_like(xs))
     if _use_native(dev, m, compute_dtype, backend):
-        acc_sorted = _gmm1d_native(xs, n, eps, tol, reg_covar, max_iter, kmeans_tol,
-                                   kmeans_max_iter)
-        out = torch.zeros(B, m, dtype=torch.bool, device=dev)
-        out.scatter_(1, order, acc_sorted)
-        return out
+        try:
+            acc_sorted = _gmm1d_native(xs, n, eps, tol, reg_covar, max_iter, kmeans_tol,
+                                       kmeans_max_iter)
+            out = torch.zeros(B, m, dtype=torch.bool, device=dev)
+            out.scatter_(1, order, acc_sorted)
+            return out
+        except RuntimeError as exc:  # cannot launch (no kernel image, old driver, ...)
+            if backend != "auto":
+                raise
+            _native.native_failed("gmm1d", dev, exc)
     small = n < 2
     if bool(small.any()):  # give degenerate rows two dummy points; overridden below
         n = torch.where(small, torch.full_like(n, min(2, m)), n)
@@ -366,6 +371,7 @@ def _gmm1d_native(xs: Tensor, n: Tensor, eps: float, tol: float, reg_covar: floa
                   max_iter: int, kmeans_tol: float, kmeans_max_iter: int) -> Tensor:
     """Native fit of rows sorted descending (zeros past ``n``): sorted accept mask."""
     B, m = xs.shape
+    # every tensor whose pointer goes to the kernel stays bound until the call returns
     xs = xs.contiguous()
     n = n.to(torch.int64).contiguous()
     table = torch.tensor(first_centre_table(m), dtype=torch.int64, device=xs.device)
@@ -374,10 +380,38 @@ def _gmm1d_native(xs: Tensor, n: Tensor, eps: float, tol: float, reg_covar: floa
               int(kmeans_max_iter))
     args = (xs.data_ptr(), xs.dtype == torch.float64, n.data_ptr(), table.data_ptr(),
             out.data_ptr(), B, m, params)
-    if xs.is_cuda:
-        with torch.cuda.device(xs.device):
-            _native.C.gmm1d_cuda(*args, torch.cuda.current_stream().cuda_stream)
+    if _native.on_cuda(xs):
+        err = torch.zeros(1, dtype=torch.int32, device=xs.device)  # row-length check
+        with _native.cuda_stream(xs.device) as stream:
+            _native.C.gmm1d_cuda(*args, err.data_ptr(), stream)
     else:
         _native.C.gmm1d_cpu(*args, _native.n_threads())
     return out.bool()
+
+
+def _self_check(device: torch.device) -> Optional[str]:
+    """The native kernel against the torch op on fixed rows (see memgas_gpu._native):
+    similarity-like rows of 30 points (the m <= 32 kernel) and 40 points (the other),
+    float32 and float64, with ties, a constant row and short rows."""
+    g = torch.Generator().manual_seed(14)
+    bad = []
+    for m in (30, 40):
+        hi = 0.6 + 0.1 * torch.rand(24, m // 3, generator=g)
+        lo = 0.2 + 0.15 * torch.rand(24, m - m // 3, generator=g)
+        rows = torch.cat([hi, lo], dim=1)
+        rows = rows[:, torch.randperm(m, generator=g)]
+        rows[0] = 0.5  # constant
+        rows[1] = torch.randint(0, 3, (m,), generator=g).float() / 3  # ties
+        valid = torch.arange(m)[None, :] < torch.randint(0, m + 1, (24, 1), generator=g)
+        for dt in (torch.float32, torch.float64):
+            x = rows.to(dtype=dt, device=device)
+            v = valid.to(device)
+            a = gmm1d_accept(x, v, backend="native")
+            b = gmm1d_accept(x, v, backend="torch")
+            if not torch.equal(a, b):
+                bad.append(f"m={m} {dt}: {int((a != b).any(1).sum())} rows differ")
+    return "; ".join(bad) or None
+
+
+_native.register_self_check("gmm1d", _self_check)
 

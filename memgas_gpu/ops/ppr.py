@@ -137,7 +137,11 @@ def personalized_pagerank(
         blocks = blocks.to(device=dev, dtype=torch.int64)
         if blocks.shape != (n,):
             raise ValueError(f"blocks must have shape ({n},), got {tuple(blocks.shape)}")
-        n_blocks = int(blocks.max().item()) + 1 if n > 0 else 1
+        if n > 0:
+            lo, hi = (int(v) for v in torch.stack(torch.aminmax(blocks)).tolist())
+            if lo < 0:
+                raise ValueError(f"blocks: block id out of range ({lo} < 0)")
+            n_blocks = hi + 1
     total = _block_sum(r, blocks, n_blocks)
     r = r / _per_node(torch.where(total > 0, total, torch.ones_like(total)), blocks)
     if r.shape[1] == 0 or n == 0:
@@ -145,8 +149,14 @@ def personalized_pagerank(
         return out[0] if squeeze else out
 
     if native:
-        out = _ppr_native(indptr, indices, r, blocks, n_blocks, damping, tol, max_iter)
-        return out[:, 0] if squeeze else out.T.contiguous()
+        try:
+            out = _ppr_native(indptr, indices, r, blocks, n_blocks, damping, tol, max_iter)
+            return out[:, 0] if squeeze else out.T.contiguous()
+        except RuntimeError as exc:  # cannot launch (no kernel image, old driver, ...)
+            if backend != "auto":
+                raise
+            _native.native_failed("ppr", dev, exc)
+            indices = indices.to(torch.int64)
 
     deg = (indptr[1:] - indptr[:-1]).to(dtype)
     inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1), torch.zeros_like(deg))[:, None]
@@ -178,26 +188,59 @@ def _ppr_native(indptr: Tensor, indices: Tensor, r: Tensor, blocks: Optional[Ten
                 n_blocks: int, damping: float, tol: float, max_iter: int) -> Tensor:
     """Native power iteration on the prepared node-major reset ``r [n, Q]``."""
     n, Q = r.shape
+    # Every tensor whose pointer goes to the kernel is bound to a name until the call
+    # returns: ``t.contiguous().data_ptr()`` of a non-contiguous ``t`` would hand over
+    # the memory of a temporary that is freed (and on CUDA reused) before the kernel runs.
     r = r.contiguous()
+    indptr = indptr.contiguous()
+    indices = indices.contiguous()
+    blk = blocks.contiguous() if blocks is not None else None
     out = torch.empty_like(r)
     if int(indptr[-1]) != indices.numel():
         raise ValueError(f"indptr[-1] = {int(indptr[-1])} but indices has "
                          f"{indices.numel()} entries")
-    blk = blocks.contiguous() if blocks is not None else None
-    args = (indptr.contiguous().data_ptr(), indices.contiguous().data_ptr(),
-            indices.dtype == torch.int64, n, r.data_ptr(), Q,
-            0 if blk is None else blk.data_ptr(), n_blocks, float(damping), float(tol),
-            int(max_iter), out.data_ptr())
-    if r.is_cuda:
-        # workspace: second state buffer [n, Q] and y [2, n, Q], 1/deg [n],
-        # change and dangling mass [3, n_blocks, Q]; flags [n_blocks * Q + 2]
-        work = torch.empty(3 * n * Q + n + 3 * n_blocks * Q, dtype=torch.float64,
-                           device=r.device)
-        iwork = torch.empty(n_blocks * Q + 2, dtype=torch.int32, device=r.device)
-        with torch.cuda.device(r.device):
-            _native.C.ppr_cuda(*args, work.data_ptr(), iwork.data_ptr(),
-                               torch.cuda.current_stream().cuda_stream)
+    args = (indptr.data_ptr(), indices.data_ptr(), indices.dtype == torch.int64, n,
+            r.data_ptr(), Q, 0 if blk is None else blk.data_ptr(), n_blocks,
+            float(damping), float(tol), int(max_iter), out.data_ptr())
+    if _native.on_cuda(r):
+        # scratch in torch's allocator; the kernel checks the graph on the device first
+        n_work, n_iwork = _native.C.ppr_cuda_workspace(n, Q, n_blocks)
+        work = torch.empty(n_work, dtype=torch.float64, device=r.device)
+        iwork = torch.empty(n_iwork, dtype=torch.int32, device=r.device)
+        with _native.cuda_stream(r.device) as stream:
+            _native.C.ppr_cuda(*args, work.data_ptr(), work.numel(), iwork.data_ptr(),
+                               iwork.numel(), stream)
     else:
         _native.C.ppr_cpu(*args, _native.n_threads())
     return out
+
+
+def _self_check(device: torch.device) -> Optional[str]:
+    """The native kernel against the torch op on a small fixed graph (see _native)."""
+    g = torch.Generator().manual_seed(14)
+    n, per = 96, 24  # four blocks; nodes 0, 24, 48, 72 and every 7th node are isolated
+    blocks = torch.arange(n) // per
+    src = torch.randint(0, n, (4 * n,), generator=g)
+    dst = blocks[src] * per + torch.randint(0, per, (4 * n,), generator=g)
+    keep = (src % per != 0) & (dst % per != 0) & (src % 7 != 3) & (dst % 7 != 3)
+    src, dst = src[keep], dst[keep]
+    key = torch.unique(torch.cat([src * n + dst, dst * n + src]))
+    key = key[key // n != key % n]
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    indptr[1:] = torch.bincount(key // n, minlength=n).cumsum(0)
+    indices = key % n
+    reset = torch.rand(5, n, generator=g, dtype=torch.float64)
+    reset[reset < 0.6] = 0
+    reset[2] = 0  # an empty row
+    worst = 0.0
+    for blk in (None, blocks):
+        args = [t.to(device) for t in (indptr, indices, reset)]
+        bk = None if blk is None else blk.to(device)
+        a = personalized_pagerank(*args, blocks=bk, backend="native")
+        b = personalized_pagerank(*args, blocks=bk, backend="torch")
+        worst = max(worst, float((a - b).abs().max()))
+    return None if worst <= 1e-12 else f"max |native - torch| = {worst:.3g} > 1e-12"
+
+
+_native.register_self_check("ppr", _self_check)
 

@@ -4,7 +4,9 @@ Layout (as LongMemEval): a JSON list of instances, each with its own haystack of
 ``sessions`` sessions.  ``sessions - k`` of them are drawn from a shared pool (the
 same id and identical content recur across haystacks), ``k`` (1-3) are evidence
 sessions unique to the question, with ids ``answer_<qid>_<j>`` and a planted sentence
-on a message flagged ``"has_answer": true``.
+on a message flagged ``"has_answer": true``. ``distinct_sessions="all"`` renders every
+filler session on its own instead (ids ``filler_<qid>_<position>``): nothing recurs,
+so deduplication saves nothing, as in a real user's history.
 
 Speed: the pool is rendered once, and each pool session is cached as its encoded
 JSON; an instance is written by concatenating cached bytes, so the file size, not
@@ -71,19 +73,35 @@ class SynthSummary:
     evidence_sessions: int
     bytes: int
     seconds: float
+    #: distinct sessions in the file (at most: a pool session may never be drawn)
+    distinct_sessions: int = 0
 
     def line(self) -> str:
         """A one-line human summary."""
+        filler = "all filler sessions distinct" if self.pool == 0 else f"pool {self.pool}"
         return (f"wrote {self.path}: {self.questions} questions ({self.abstentions} _abs) x "
                 f"{self.sessions} sessions x {self.turns} messages (~{self.words} words), "
-                f"pool {self.pool} + {self.evidence_sessions} evidence sessions, "
+                f"{filler} + {self.evidence_sessions} evidence sessions "
+                f"(<= {self.distinct_sessions} distinct of {self.questions * self.sessions}), "
                 f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s")
 
 
 def validate_params(questions: int, sessions: int, turns: int, words: int,
                     pool: Optional[int], abstention_rate: float,
-                    distractor_rate: float = 0.0) -> None:
+                    distractor_rate: float = 0.0,
+                    distinct_sessions: Union[int, str, None] = None) -> None:
     """Raise :class:`SynthParamError` for values the generator cannot honour."""
+    if distinct_sessions is not None:
+        if pool is not None:
+            raise SynthParamError("distinct_sessions", "give either pool or distinct_sessions")
+        if distinct_sessions != "all":
+            if not isinstance(distinct_sessions, int) or isinstance(distinct_sessions, bool):
+                raise SynthParamError("distinct_sessions",
+                                      f"must be an integer or 'all', got {distinct_sessions!r}")
+            if distinct_sessions < sessions - 1:
+                raise SynthParamError(
+                    "distinct_sessions", f"must be >= sessions - 1 = {sessions - 1} (the "
+                    f"filler sessions of one haystack) or 'all', got {distinct_sessions}")
     if questions < 1:
         raise SynthParamError("questions", f"must be >= 1, got {questions}")
     if sessions < MAX_EVIDENCE:
@@ -131,30 +149,39 @@ def _render_pool(grammar: Grammar, seed: int, pool: int, turns: int, words: int,
     ids, bodies = [], []
     for _ in range(pool):
         ids.append(_dumps(f"pool_{_hex_id(rng, used)}"))
-        if rng.random() < distractor_rate:
-            qtype = rng.choice(QUESTION_TYPES)
-            fact = make_fact(qtype, rng, evidence_count(qtype, rng), False)
-            role, sentence = rng.choice(fact.plants)
-            at = rng.randrange(0 if role == "user" else 1, turns, 2)
-            session = grammar.session(rng, fact.topic, turns, words, [(at, sentence)], flag=False)
-        else:
-            session = grammar.session(rng, rng.choice(TOPIC_NAMES), turns, words)
-        bodies.append(_dumps(session))
+        bodies.append(_filler(grammar, rng, turns, words, distractor_rate))
         if bar is not None:
             bar.update(1)
     return ids, bodies
 
 
+def _filler(grammar: Grammar, rng: random.Random, turns: int, words: int,
+            distractor_rate: float) -> bytes:
+    """One JSON-encoded filler session (a distractor with probability distractor_rate)."""
+    if rng.random() < distractor_rate:
+        qtype = rng.choice(QUESTION_TYPES)
+        fact = make_fact(qtype, rng, evidence_count(qtype, rng), False)
+        role, sentence = rng.choice(fact.plants)
+        at = rng.randrange(0 if role == "user" else 1, turns, 2)
+        session = grammar.session(rng, fact.topic, turns, words, [(at, sentence)], flag=False)
+    else:
+        session = grammar.session(rng, rng.choice(TOPIC_NAMES), turns, words)
+    return _dumps(session)
+
+
 def _instance(grammar: Grammar, seed: int, index: int, abstain: bool, used: set,
-              pool_ids: list[bytes], pool_bodies: list[bytes], sessions: int, turns: int,
-              words: int) -> tuple[list[bytes], int]:
-    """Encode question ``index`` as JSON byte chunks; also return its evidence count."""
+              pool_ids: Optional[list[bytes]], pool_bodies: Optional[list[bytes]],
+              sessions: int, turns: int, words: int,
+              distractor_rate: float = 0.0) -> tuple[list[bytes], int]:
+    """Encode question ``index`` as JSON byte chunks; also return its evidence count.
+    Without a pool (``pool_bodies`` None) every filler session is rendered here."""
     rng = random.Random(f"memgas-synth:{seed}:q:{index}")
     qtype = QUESTION_TYPES[index % len(QUESTION_TYPES)]
     qhex = _hex_id(rng, used)
     n_ev = evidence_count(qtype, rng)
     fact = make_fact(qtype, rng, n_ev, abstain)
-    filler = rng.sample(range(len(pool_bodies)), sessions - n_ev)
+    filler = (rng.sample(range(len(pool_bodies)), sessions - n_ev) if pool_bodies is not None
+              else range(sessions - n_ev))
     positions = sorted(rng.sample(range(sessions), n_ev))
     ev_ids = [f"answer_{qhex}_{j + 1}" for j in range(n_ev)]
     ev_bodies = []
@@ -169,6 +196,11 @@ def _instance(grammar: Grammar, seed: int, index: int, abstain: bool, used: set,
         if p in ev:
             ids.append(_dumps(ev_ids[ev[p]]))
             bodies.append(ev_bodies[ev[p]])
+        elif pool_bodies is None:  # a session of its own, from its own random stream
+            next(it)
+            frng = random.Random(f"memgas-synth:{seed}:filler:{index}:{p}")
+            ids.append(_dumps(f"filler_{qhex}_{p}"))
+            bodies.append(_filler(grammar, frng, turns, words, distractor_rate))
         else:
             k = next(it)
             ids.append(pool_ids[k])
@@ -203,7 +235,8 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
                     words: int = SCALES["s"]["words"], pool: Optional[int] = None, seed: int = 0,
                     abstention_rate: float = DEFAULT_ABSTENTION_RATE,
                     distractor_rate: float = DEFAULT_DISTRACTOR_RATE,
-                    progress: bool = True) -> SynthSummary:
+                    progress: bool = True,
+                    distinct_sessions: Union[int, str, None] = None) -> SynthSummary:
     """Write a synthetic LongMemEval-format JSON file, streaming, atomically.
 
     Args:
@@ -220,6 +253,10 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
         distractor_rate: fraction of pool sessions that mention an unrelated fact
             of the same kinds as the planted ones (not flagged ``has_answer``).
         progress: show a tqdm progress bar on stderr.
+        distinct_sessions: how many distinct filler sessions the file holds: an integer
+            (the pool size; ``pool`` by another name) or ``"all"`` (every filler session
+            rendered on its own: ``questions * sessions`` distinct sessions, nothing for
+            deduplication to save). Not together with ``pool``.
 
     Returns:
         A :class:`SynthSummary` of what was written.
@@ -227,8 +264,12 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
     Raises:
         SynthParamError: a parameter is out of range (nothing is written).
     """
-    validate_params(questions, sessions, turns, words, pool, abstention_rate, distractor_rate)
-    pool = 2 * sessions if pool is None else pool
+    validate_params(questions, sessions, turns, words, pool, abstention_rate, distractor_rate,
+                    distinct_sessions)
+    all_distinct = distinct_sessions == "all"
+    if distinct_sessions is not None and not all_distinct:
+        pool = int(distinct_sessions)
+    pool = 0 if all_distinct else (2 * sessions if pool is None else pool)
     t0 = time.perf_counter()
     grammar = Grammar()
     n_abs = round(questions * abstention_rate)
@@ -240,15 +281,15 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
         bar = tqdm(total=pool + questions, desc="synth", unit="item", file=sys.stderr,
                    dynamic_ncols=True)
     try:
-        pool_ids, pool_bodies = _render_pool(grammar, seed, pool, turns, words,
-                                             distractor_rate, bar)
+        pool_ids, pool_bodies = (None, None) if all_distinct else _render_pool(
+            grammar, seed, pool, turns, words, distractor_rate, bar)
         used: set = set()
         n_evidence = 0
         with atomic_write(path, "wb") as f:
             f.write(b"[")
             for i in range(questions):
                 chunks, n_ev = _instance(grammar, seed, i, i in abstain, used, pool_ids,
-                                         pool_bodies, sessions, turns, words)
+                                         pool_bodies, sessions, turns, words, distractor_rate)
                 n_evidence += n_ev
                 if i:
                     f.write(b", ")
@@ -260,5 +301,7 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
     finally:
         if bar is not None:
             bar.close()
+    distinct = questions * sessions if all_distinct else min(questions * sessions,
+                                                             pool + n_evidence)
     return SynthSummary(str(path), questions, sessions, turns, words, pool, n_abs, n_evidence,
-                        size, time.perf_counter() - t0)
+                        size, time.perf_counter() - t0, distinct)

@@ -1,0 +1,257 @@
+"""Native-call safety (issue 14): strided inputs, the arguments the CUDA wrappers build,
+and the CUDA self-check with its fallback, tested on the CPU with stand-in native
+modules (a delegating one that reads the raw pointers back, a wrong one, a failing one).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from memgas_gpu import _native, backend
+from memgas_gpu.ops import (association_edges, gmm1d_accept, personalized_pagerank,
+                            symmetric_csr)
+
+from _synth import conversation, gmm_rows, torch_single_thread  # noqa: F401
+
+REAL_C = _native.C
+native = pytest.mark.skipif(REAL_C is None, reason="memgas_gpu._C is not built")
+
+
+def _graph(n=1000, per=100, deg=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.arange(n) // per
+    src = torch.randint(0, n, (deg * n,), generator=g)
+    dst = blocks[src] * per + torch.randint(0, per, (deg * n,), generator=g)
+    dst = dst.clamp_max(n - 1)
+    keep = src % 10 != 0  # some dangling nodes
+    indptr, indices = symmetric_csr(torch.stack([src[keep], dst[keep]]), n)
+    reset = torch.rand(3, n, generator=g, dtype=torch.float64)
+    reset[reset < 0.8] = 0
+    return indptr, indices, blocks, reset
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """Same values, every other element of a twice-as-large buffer (not contiguous)."""
+    out = torch.stack([t, torch.zeros_like(t)], dim=-1)[..., 0]
+    assert not out.is_contiguous() or t.numel() <= 1
+    return out
+
+
+# ------------------------------------------------------------ strided inputs ----------
+@native
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
+def test_ppr_noncontiguous_graph_equals_contiguous(idx_dtype):
+    indptr, indices, blocks, reset = _graph()
+    indices = indices.to(idx_dtype)
+    for blk in (None, blocks):
+        ref = personalized_pagerank(indptr, indices, reset, blocks=blk, backend="native")
+        got = personalized_pagerank(_strided(indptr), _strided(indices), _strided(reset),
+                                    blocks=None if blk is None else _strided(blk),
+                                    backend="native")
+        assert torch.equal(ref, got)
+        tor = personalized_pagerank(indptr, indices, reset, blocks=blk, backend="torch")
+        assert (ref - tor).abs().max() <= 1e-12
+
+
+@native
+@pytest.mark.slow
+def test_ppr_noncontiguous_large_graph_in_subprocess():
+    """n = 5M: freed temporaries of this size go back to the OS (SIGSEGV before the fix)."""
+    code = textwrap.dedent("""
+        import torch
+        from memgas_gpu.ops import personalized_pagerank
+        n = 5_000_000
+        ip = torch.arange(n + 1) * 2
+        nxt = (torch.arange(n) + 1) % n
+        prv = (torch.arange(n) - 1) % n
+        ix = torch.stack([torch.minimum(nxt, prv), torch.maximum(nxt, prv)], 1).flatten()
+        r = torch.zeros(n, dtype=torch.float64); r[::1000] = 1
+        for dt in (torch.int64, torch.int32):
+            a = personalized_pagerank(ip, ix.to(dt), r, max_iter=3, backend="native")
+            ip_nc = torch.stack([ip, ip], 1)[:, 0]
+            ix_nc = torch.stack([ix.to(dt), ix.to(dt)], 1)[:, 0]
+            b = personalized_pagerank(ip_nc, ix_nc, r, max_iter=3, backend="native")
+            assert torch.equal(a, b), dt
+        print("OK")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-2000:]
+
+
+@native
+def test_gmm1d_and_graph_noncontiguous_equal_contiguous():
+    rows = torch.from_numpy(gmm_rows(400, seed=3))
+    valid = torch.rand(rows.shape, generator=torch.Generator().manual_seed(1)) < 0.9
+    for dt in (torch.float32, torch.float64):
+        x = rows.to(dt)
+        ref = gmm1d_accept(x, valid, backend="native")
+        assert torch.equal(ref, gmm1d_accept(_strided(x), _strided(valid), backend="native"))
+        assert torch.equal(ref, gmm1d_accept(x.T.contiguous().T, valid, backend="native"))
+    E, s, _ = conversation(80, d=32, seed=2)
+    ref = association_edges(E, s, backend="native")
+    got = association_edges(E.T.contiguous().T, _strided(s), backend="native")
+    assert torch.equal(ref, got)
+
+
+# ------------------------------------------------------------ stand-in modules --------
+def _read(ptr: int, ctype, count: int) -> list:
+    return list((ctype * count).from_address(ptr))
+
+
+class _StandIn:
+    """A native module whose CUDA entry points run the real CPU kernels on the same
+    pointers (so the CUDA wrappers' arguments can be checked on the CPU)."""
+
+    has_cuda = True
+
+    def __init__(self, corrupt_ppr=False, raise_ppr=None):
+        self.calls = []
+        self.corrupt_ppr = corrupt_ppr
+        self.raise_ppr = raise_ppr
+
+    def __getattr__(self, name):
+        return getattr(REAL_C, name)
+
+    def ppr_cpu(self, *args):
+        if self.raise_ppr is not None:
+            raise self.raise_ppr
+        REAL_C.ppr_cpu(*args)
+        if self.corrupt_ppr:  # a wrong kernel: every score off by 1e-6
+            n, Q, out = args[3], args[5], args[11]
+            buf = (ctypes.c_double * (n * Q)).from_address(out)
+            for k in range(n * Q):
+                buf[k] += 1e-6
+
+    def ppr_cuda(self, *args):
+        # read the inputs while the call runs: the wrapper's buffers must be alive now
+        ip, ix, idx64, n, r, Q, blk = args[:7]
+        indptr = _read(ip, ctypes.c_int64, n + 1)
+        seen = {"indptr": indptr, "r": _read(r, ctypes.c_double, n * Q),
+                "indices": _read(ix, ctypes.c_int64 if idx64 else ctypes.c_int32, indptr[-1]),
+                "blocks": _read(blk, ctypes.c_int64, n) if blk else None}
+        self.calls.append(("ppr_cuda", args, seen))
+        self.ppr_cpu(*args[:12], 1)
+
+    def gmm1d_cuda(self, *args):
+        xs, is_double, n, table, out, B, m = args[:7]
+        seen = {"x": _read(xs, ctypes.c_double if is_double else ctypes.c_float, B * m),
+                "n": _read(n, ctypes.c_int64, B), "err": _read(args[8], ctypes.c_int32, 1)}
+        self.calls.append(("gmm1d_cuda", args, seen))
+        REAL_C.gmm1d_cpu(*args[:8], 1)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Install a stand-in native module; fresh backend caches and self-check state."""
+    guards = []
+
+    @contextlib.contextmanager
+    def fake_stream(device):
+        guards.append(torch.device(device))
+        yield 12345
+
+    def install(fake, cuda_path=False, check_cpu=False):
+        monkeypatch.setattr(_native, "C", fake)
+        monkeypatch.setattr(_native, "_STATUS", {})
+        if check_cpu:
+            monkeypatch.setattr(_native, "_CHECK_KINDS", {"cpu", "cuda"})
+        if cuda_path:
+            monkeypatch.setattr(_native, "on_cuda", lambda t: True)
+            monkeypatch.setattr(_native, "cuda_stream", fake_stream)
+        _native._resolve.cache_clear()
+        return guards
+
+    yield install
+    _native._resolve.cache_clear()
+
+
+@native
+def test_cuda_ppr_wrapper_arguments(stand_in):
+    fake = _StandIn()
+    guards = stand_in(fake, cuda_path=True)
+    indptr, indices, blocks, reset = _graph(n=300, per=50)
+    got = personalized_pagerank(_strided(indptr), _strided(indices), reset, blocks=blocks,
+                                backend="native")
+    (name, args, seen), = fake.calls
+    (ip, ix, idx64, n, r, Q, blk, nb, d, tol, it, out, work, wlen, iwork, ilen, stream) = args
+    assert (n, Q, nb, idx64) == (300, 3, 6, False)  # int32 columns for a small graph
+    assert seen["indptr"] == indptr.tolist()  # alive during the call, contiguous int64
+    assert seen["indices"] == indices.tolist() and seen["blocks"] == blocks.tolist()
+    total = torch.zeros(nb, Q, dtype=torch.float64).index_add_(0, blocks, reset.T)
+    rn = reset.T / total[blocks]
+    torch.testing.assert_close(torch.tensor(seen["r"], dtype=torch.float64).view(n, Q), rn,
+                               rtol=1e-15, atol=0)
+    # workspace of the kernel's layout: p, y[2] of [n, Q], 1/deg [n], 3 x [nb, Q];
+    # flags [nb, Q] + two counters + the graph-check error flag
+    assert wlen == 3 * n * Q + n + 3 * nb * Q and ilen == nb * Q + 3
+    assert stream == 12345 and guards == [reset.device]
+    ref = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="torch")
+    assert (got - ref).abs().max() <= 1e-12
+
+
+@native
+def test_cuda_gmm1d_wrapper_arguments(stand_in):
+    fake = _StandIn()
+    guards = stand_in(fake, cuda_path=True)
+    x = torch.from_numpy(gmm_rows(50, seed=4)).double()
+    got = gmm1d_accept(_strided(x), backend="native")
+    (name, args, seen), = fake.calls
+    xs, is_double, n, table, out, B, m, params, err, stream = args
+    assert (is_double, B, m, stream) == (True, 50, 30, 12345) and guards == [x.device]
+    assert seen["n"] == [30] * 50 and seen["err"] == [0]  # zeroed error flag
+    rows = torch.tensor(seen["x"], dtype=torch.float64).view(B, m)  # contiguous float64
+    assert torch.equal(rows, x.sort(dim=1, descending=True).values)
+    assert torch.equal(got, gmm1d_accept(x, backend="torch"))
+
+
+@native
+def test_self_check_wrong_kernel_falls_back_once(stand_in):
+    stand_in(_StandIn(corrupt_ppr=True), check_cpu=True)
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    ref = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="torch")
+    with pytest.warns(RuntimeWarning, match="kernel 'ppr' failed its check"):
+        got = personalized_pagerank(indptr, indices, reset, blocks=blocks)
+    assert torch.equal(got, ref)  # the torch op from then on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert torch.equal(personalized_pagerank(indptr, indices, reset, blocks=blocks), ref)
+    info = backend("cpu", detail=True)
+    assert info["kernels"]["ppr"].startswith("failed: max |native - torch|")
+    assert info["kernels"]["gmm1d"] == "passed"  # the real kernel behind the stand-in
+    # an explicit backend="native" is not redirected
+    wrong = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="native")
+    assert not torch.equal(wrong, ref)
+
+
+@native
+def test_kernel_that_cannot_launch_falls_back(stand_in):
+    fake = _StandIn(raise_ppr=RuntimeError("no kernel image is available for execution"))
+    stand_in(fake, check_cpu=True)
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    with pytest.warns(RuntimeWarning, match="no kernel image"):
+        got = personalized_pagerank(indptr, indices, reset)
+    assert torch.equal(got, personalized_pagerank(indptr, indices, reset, backend="torch"))
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        personalized_pagerank(indptr, indices, reset, backend="native")
+
+
+@native
+def test_failure_after_a_passed_check_falls_back(stand_in):
+    fake = _StandIn()
+    stand_in(fake, check_cpu=True)
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    personalized_pagerank(indptr, indices, reset)  # self-check passes
+    assert backend("cpu", detail=True)["kernels"]["ppr"] == "passed"
+    fake.raise_ppr = RuntimeError("CUDA driver version is insufficient")
+    with pytest.warns(RuntimeWarning, match="insufficient"):
+        got = personalized_pagerank(indptr, indices, reset)
+    assert torch.equal(got, personalized_pagerank(indptr, indices, reset, backend="torch"))
+    assert backend("cpu", detail=True)["kernels"]["ppr"].startswith("failed")
