@@ -1,10 +1,16 @@
-"""The one read path: presets, settings validation, and bit-identity of ``memgas`` with the
-implementation it replaced (``tests/_legacy_memgas.py``, frozen), on real LoCoMo."""
+"""The one read path: presets, settings validation, and ``memgas`` against the
+implementation it replaced (``tests/_legacy_memgas.py``, frozen), on real LoCoMo.
+
+The engine was bit-identical to it (``torch.equal``, commit ebb9996); since the dense
+signals come from one sampled product over the distinct-session table instead of one
+matrix product per conversation (issue 14), the last float32 bits of a dot product may
+differ: scores agree to 1e-6 and every ranking is the same."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from memgas_gpu.ops import rank_sessions
 from memgas_gpu.granularity import CODES, N_GRAN, expand_ranges, granularity, node_ids
 from memgas_gpu.retrieve import METHODS, PRESETS, MemoryIndex, SettingsError, retrieve
 from memgas_gpu.retrieve.engine import resolve
@@ -31,22 +37,30 @@ def _two_conversations(idx: MemoryIndex) -> MemoryIndex:
 
 @pytest.mark.parametrize("method", ["memgas", "no_gmm", "no_ppr", "no_router",
                                     "no_association"])
-def test_memgas_presets_bit_identical_to_the_replaced_path(locomo_index, method):
+def test_memgas_presets_match_the_replaced_path(locomo_index, method):
     _, idx = locomo_index
     two = _two_conversations(idx)
     want = legacy_retrieve_scores(two, method)
-    got = retrieve(two, method=method, device="cpu").scores
-    assert got.dtype == want.dtype == torch.float64
-    assert torch.equal(got, want)
+    got = retrieve(two, method=method, device="cpu")  # 105 questions per conversation
+    assert got.scores.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got.scores, want, rtol=0, atol=1e-6)
+    assert torch.equal(got.rankings, rank_sessions(want, got.n_sessions))
+    # one question per conversation (the LongMemEval shape: the sampled product)
+    for q in range(0, 105, 7):
+        one = retrieve(two, questions=[q, 105 + q], method=method, device="cpu")
+        w = want[[q, 105 + q], :one.scores.shape[1]]
+        torch.testing.assert_close(one.scores, w, rtol=0, atol=1e-6)
+        assert torch.equal(one.rankings, rank_sessions(w, one.n_sessions))
 
 
-def test_one_minus_router_and_settings_bit_identical(locomo_index):
+def test_one_minus_router_and_settings_match(locomo_index):
     _, idx = locomo_index
     want = legacy_retrieve_scores(idx, "memgas", temperature=0.5, alpha=7, damping=0.3,
                                   router="one_minus")
     got = retrieve(idx, method="memgas", device="cpu", temperature=0.5, alpha=7, damping=0.3,
-                   router="one_minus").scores
-    assert torch.equal(got, want)
+                   router="one_minus")
+    torch.testing.assert_close(got.scores, want, rtol=0, atol=1e-6)
+    assert torch.equal(got.rankings, rank_sessions(want, got.n_sessions))
 
 
 def test_every_method_is_a_preset():

@@ -143,20 +143,63 @@ def _per_conversation(ctx: SignalContext):
         o += k
 
 
+#: queries per conversation from which one matrix product per conversation (over a copy
+#: of its node embeddings) beats one sampled product over the distinct-session table
+PER_CONVERSATION_FROM = 8
+
+
 def _dense_nodes(ctx: SignalContext, names: Sequence[str]) -> dict:
-    """``dense_S/T/U/K``: one ``[q_c, d] @ [d, G n_c]`` product per conversation over its
-    interleaved node embeddings (float64 when the index is float64, else float32)."""
+    """``dense_S/T/U/K``: every query against the G nodes of each of its sessions.
+
+    Two ways, chosen by the batch's shape (docs/performance.md, "Read path"): with many
+    queries per conversation, one ``[q_c, d] @ [d, G n_c]`` product per conversation (the
+    copy of its embeddings is shared by its queries); with few (LongMemEval: one question
+    per haystack), one sampled product over the distinct-session table (no copy, no loop
+    over conversations).  Both compute the same dot products; float32 rounding may
+    differ in the last bit.  Float64 when the index is float64.
+    """
     idx, dev = ctx.index, ctx.device
-    Q, N = len(ctx.batch), ctx.layout.n_max
+    lay = ctx.layout
+    Q, N = len(ctx.batch), lay.n_max
     dt = torch.float64 if idx.gran.dtype == torch.float64 else torch.float32
     out = torch.zeros(Q, N_GRAN, N, dtype=dt, device=dev)
     qe = ctx.batch.q_emb.to(device=dev, dtype=dt)
-    for _, qs, a, b in _per_conversation(ctx):
-        emb = idx.node_embeddings(torch.arange(a, b)).to(device=dev, dtype=dt)
-        qd = qs.to(dev)
-        sims = qe[qd] @ emb.T  # [q, G * n]
-        out[qd, :, :b - a] = sims.view(qd.numel(), b - a, N_GRAN).transpose(1, 2)
+    n_conv = int(torch.unique(ctx.batch.q_conv).numel()) if Q else 0
+    if Q and Q >= PER_CONVERSATION_FROM * n_conv:
+        for _, qs, a, b in _per_conversation(ctx):
+            emb = idx.node_embeddings(torch.arange(a, b)).to(device=dev, dtype=dt)
+            qd = qs.to(dev)
+            sims = qe[qd] @ emb.T  # [q, G * n]
+            out[qd, :, :b - a] = sims.view(qd.numel(), b - a, N_GRAN).transpose(1, 2)
+    elif Q:
+        out = _sampled_nodes(idx, qe, lay, dt, dev)
     return {n: out[:, granularity(SIGNALS[n].node).index] for n in names}
+
+
+def _sampled_nodes(idx, qe: Tensor, lay: Layout, dt, dev) -> Tensor:
+    """``[Q, G, N]`` dot products of each query with the nodes of its sessions, read from
+    the distinct-session table by one ``sampled_addmm`` (node g of slot s is row
+    ``G s + g`` of ``gran.reshape(-1, d)``)."""
+    import warnings
+
+    Q, N = qe.shape[0], lay.n_max
+    table = idx.gran.reshape(-1, idx.dim)
+    slots = idx.row_slot[lay.rows]  # [Q, N]
+    col = (slots[:, :, None] * N_GRAN + torch.arange(N_GRAN)).reshape(Q, N * N_GRAN)
+    ok = lay.valid[:, :, None].expand(Q, N, N_GRAN).reshape(Q, N * N_GRAN)
+    crow = torch.zeros(Q + 1, dtype=torch.int64)
+    crow[1:] = torch.cumsum(ok.sum(1), 0)
+    out = torch.zeros(Q, N, N_GRAN, dtype=dt, device=dev)
+    if int(crow[-1]):
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            pat = torch.sparse_csr_tensor(crow.to(dev), col[ok].to(dev),
+                                          torch.zeros(int(crow[-1]), dtype=dt, device=dev),
+                                          (Q, table.shape[0]), check_invariants=False)
+            vals = torch.sparse.sampled_addmm(pat, qe, table.to(device=dev, dtype=dt).T,
+                                              beta=0.0).values()
+        out.view(Q, N * N_GRAN)[ok.to(dev)] = vals
+    return out.transpose(1, 2)
 
 
 def _dense_best_turn(ctx: SignalContext, names: Sequence[str]) -> dict:
