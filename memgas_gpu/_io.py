@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator, Union
 
-__all__ = ["atomic_write", "atomic_dir", "iter_jsonl"]
+__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null"]
 
 
 def _umask() -> int:
@@ -89,3 +89,21 @@ def iter_jsonl(path: Union[str, os.PathLike]) -> Iterator[tuple[int, dict]]:
             if not isinstance(obj, dict):
                 raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
             yield lineno, obj
+
+
+def nan_to_null(obj):
+    """``obj`` with every NaN or infinite float replaced by None, for strict JSON.
+
+    Used where a non-finite number means "no value" (an average over no question);
+    write with ``json.dump(..., allow_nan=False)`` so that anything missed fails loudly
+    instead of writing the invalid tokens ``NaN``/``Infinity``.
+    """
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: nan_to_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [nan_to_null(v) for v in obj]
+    return obj

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options, ray_or_exit
+from .._io import atomic_write, nan_to_null
+from ._common import FiniteFloat, build_index, build_options, dataset_options, ray_or_exit
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -33,11 +33,11 @@ def _ks(value: str):
               help="Retrieval method (repeat for several; 'all' for every one).")
 @click.option("--router", type=click.Choice(("inverse", "one_minus")), default="inverse",
               show_default=True, help="Router weights: paper's 1/H or the authors' code's 1-H.")
-@click.option("--temperature", type=float, default=0.2, show_default=True,
+@click.option("--temperature", type=FiniteFloat(0, min_open=True), default=0.2, show_default=True,
               help="Router softmax temperature λ.")
 @click.option("--alpha", type=click.IntRange(1), default=15, show_default=True,
               help="Seed nodes kept for PageRank.")
-@click.option("--damping", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+@click.option("--damping", type=FiniteFloat(0, 1), default=0.1, show_default=True,
               help="Probability of following an edge.")
 @click.option("--k", "ks", default=",".join(map(str, KS)), show_default=True,
               help="Metric cut-offs.")
@@ -90,6 +90,7 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, ks, out, save
     if out:
         mpath = Path(out).with_suffix(".metrics.json")
         with atomic_write(mpath, "w", encoding="utf-8") as f:
-            json.dump({"source": str(source), "params": vars(params), "ks": list(ks),
-                       "methods": results}, f, indent=1)
+            json.dump(nan_to_null({"source": str(source), "params": vars(params),
+                                   "ks": list(ks), "methods": results}), f, indent=1,
+                      allow_nan=False)
         click.echo(f"wrote {mpath}", err=True)

@@ -9,7 +9,7 @@ import os
 
 import click
 
-from ._common import dataset_options, load
+from ._common import FiniteFloat, dataset_options, load
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -27,7 +27,7 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
                            "taken on the command line.")
         @click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True,
                       help="Requests in flight at most.")
-        @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0,
+        @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=120.0,
                       show_default=True, help="Seconds per request attempt.")
         @click.option("--max-retries", type=click.IntRange(0), default=6, show_default=True,
                       help="Retries after 429, 5xx, timeouts and connection errors.")

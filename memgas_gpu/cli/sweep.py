@@ -19,13 +19,16 @@ from typing import Optional
 
 import click
 
-from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options, load
+from .._io import atomic_write, nan_to_null
+from ._common import FiniteFloat, build_index, build_options, dataset_options, load
 
 #: grid keys and their value types (HybridParams fields, plus ``stopwords``)
 GRID_KEYS = {"signals": str, "norm": str, "temperature": float, "router": str, "alpha": int,
              "damping": float, "fusion": str, "graph": str, "k1": float, "b": float,
              "bm25_method": str, "stopwords": str}
+#: accepted ranges of the numeric grid keys (NaN and inf are refused for all)
+_GRID_RANGES = {"temperature": FiniteFloat(0, min_open=True), "damping": FiniteFloat(0, 1),
+                "k1": FiniteFloat(0), "b": FiniteFloat(0, 1), "alpha": FiniteFloat(1)}
 #: signal-set aliases besides ``all``, ``lexical``, ``dense``, ``default``: ``extractive``
 #: (:data:`~memgas_gpu.retrieve.hybrid.EXTRACTIVE_SIGNALS`)
 _BM25_KEYS = ("k1", "b", "bm25_method", "stopwords")
@@ -71,6 +74,11 @@ def parse_grid(specs) -> dict:
             raise click.BadParameter(f"bad value in {spec!r}") from None
         if not values:
             raise click.BadParameter(f"no values in {spec!r}")
+        if key in _GRID_RANGES:
+            for v in values:
+                why = _GRID_RANGES[key].check(v)
+                if why is not None:
+                    raise click.BadParameter(f"{key}: {why} in {spec!r}")
         grid[key] = list(dict.fromkeys(values))
     return grid
 
@@ -329,11 +337,12 @@ def sweep(source, grid_specs, ks, rank_by, top, baselines, out, **opts) -> None:
         base = Path(out)
         with atomic_write(base.with_suffix(".csv"), "w", encoding="utf-8", newline="") as f:
             f.write(buf.getvalue())
+        doc = {"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
+                                                  else v for v in vals]
+                                              for k, vals in grid.items()},
+               "rank_by": by, "rows": rows, "leave_one_out": loo,
+               "gains": [dict(zip(("type", "k", "ours", "best_baseline", "baseline",
+                                   "gain"), x)) for x in g]}
         with atomic_write(base.with_suffix(".json"), "w", encoding="utf-8") as f:
-            json.dump({"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
-                                                          else v for v in vals]
-                                                      for k, vals in grid.items()},
-                       "rank_by": by, "rows": rows, "leave_one_out": loo,
-                       "gains": [dict(zip(("type", "k", "ours", "best_baseline", "baseline",
-                                           "gain"), x)) for x in g]}, f, indent=1)
+            json.dump(nan_to_null(doc), f, indent=1, allow_nan=False)  # no value: null
         click.echo(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}", err=True)

@@ -1,6 +1,7 @@
 """Small field checkers shared by the loaders; every error names file, record, field."""
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Union
 
 from ..errors import DataFormatError
@@ -49,3 +50,27 @@ def as_text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_surrogate(value: Any, where: str = "") -> Optional[str]:
+    """The path (``qa[3].answer``) of the first string in ``value`` holding a lone UTF-16
+    surrogate (``"\\udfff"`` parses but cannot be encoded as UTF-8), else None."""
+    if isinstance(value, str):
+        return (where or "(value)") if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name = f"{where}.{k}" if where else str(k)
+            if _SURROGATE.search(k):
+                return name
+            found = find_surrogate(v, name)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = find_surrogate(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None

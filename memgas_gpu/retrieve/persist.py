@@ -65,7 +65,7 @@ def save_index(index: MemoryIndex, path: Union[str, os.PathLike],
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
                   str(tmp / "tensors.safetensors"), metadata={"format": FORMAT_NAME})
         with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump(manifest, f, ensure_ascii=False, indent=1)
+            json.dump(manifest, f, ensure_ascii=False, indent=1, allow_nan=False)
     return path
 
 
