@@ -33,6 +33,8 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
                       help="Retries after 429, 5xx, timeouts and connection errors.")
         @click.option("--max-tokens", type=click.IntRange(1), default=500, show_default=True,
                       help="Completion length limit.")
+        @click.option("--max-response-mb", type=FiniteFloat(0, min_open=True), default=16.0,
+                      show_default=True, help="Largest response body accepted (MiB).")
         @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
                       help="SQLite response cache (resume / free reruns) [default: "
                            "$MEMGAS_LLM_CACHE or ~/.cache/memgas_gpu/llm_cache.sqlite].")
@@ -45,7 +47,7 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
 
 
 _LLM_KEYS = ("llm_model", "base_url", "api_key_env", "concurrency", "timeout", "max_retries",
-             "max_tokens", "cache_path", "no_cache")
+             "max_tokens", "max_response_mb", "cache_path", "no_cache")
 
 
 def pop_llm_options(opts: dict) -> dict:
@@ -66,7 +68,8 @@ def make_client(llm: dict, model=None):
     cfg = LLMConfig.from_env(model=model or llm["llm_model"], base_url=llm["base_url"],
                              api_key=key, concurrency=llm["concurrency"],
                              timeout=llm["timeout"], max_retries=llm["max_retries"],
-                             max_tokens=llm["max_tokens"])
+                             max_tokens=llm["max_tokens"],
+                             max_response_bytes=max(1, int(llm["max_response_mb"] * 2**20)))
     cache = None if llm["no_cache"] else ResponseCache(llm["cache_path"] or
                                                        default_cache_path())
     return ChatClient(cfg, cache)
