@@ -22,7 +22,7 @@ __all__ = ["MAX_DEPTH", "BOM", "check_json_file"]
 MAX_DEPTH = 64
 #: the UTF-8 byte-order mark some editors prepend; skipped
 BOM = b"\xef\xbb\xbf"
-_CHUNK = 1 << 22
+_CHUNK = 1 << 20
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _OPEN = np.zeros(256, np.int8)
 _OPEN[[ord("["), ord("{")]] = 1
@@ -64,11 +64,11 @@ def check_json_file(path: Path, max_depth: int = MAX_DEPTH) -> None:
             if not steps.any():
                 offset += len(chunk)
                 continue
-            levels = np.cumsum(steps, dtype=np.int64) + depth
+            levels = np.cumsum(steps, dtype=np.int32) + depth
             deepest = int(levels.max())
             if deepest > max_depth:
                 raise DataFormatError(str(path), f"JSON nested more than {max_depth} levels "
                                       f"deep (within the first {offset + len(chunk)} bytes); "
                                       "no supported format nests like that")
-            depth = int(levels[-1])
+            depth = max(int(levels[-1]), 0)  # below 0: invalid JSON, the parser says so
             offset += len(chunk)
