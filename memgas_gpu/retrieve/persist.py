@@ -210,8 +210,8 @@ def _load_tensors(tf: Path) -> dict:
     try:
         return load_file(str(tf))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
+        if isinstance(e, FileNotFoundError) or not tf.exists():
+            raise FileNotFoundError(tf) from None  # removed by a writer: the caller retries
         msg = " ".join(str(e).split())[:200]
         raise IndexFormatError(f"{tf}: unreadable safetensors file ({msg})") from None
 
