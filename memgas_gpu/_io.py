@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Any, Iterator, Optional, Union
 
-__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null"]
+__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate"]
 
 
 def _umask() -> int:
@@ -107,3 +108,28 @@ def nan_to_null(obj):
     if isinstance(obj, (list, tuple)):
         return [nan_to_null(v) for v in obj]
     return obj
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_surrogate(value: Any, where: str = "") -> Optional[str]:
+    """The path (``qa[3].answer``) of the first string in ``value`` holding a lone UTF-16
+    surrogate (``"\\udfff"`` parses but cannot be encoded as UTF-8), else None."""
+    if isinstance(value, str):
+        return (where or "(value)") if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name = f"{where}.{k}" if where else str(k)
+            if _SURROGATE.search(k):
+                return name
+            found = find_surrogate(v, name)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = find_surrogate(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+

@@ -197,6 +197,7 @@ def _edit(m: dict, what: str):
         "lexical_no_tokenizer": lambda: m.update(lexical={"n_terms": 3}),
         "lexical_bad_tokenizer": lambda: m["lexical"].update(tokenizer={"bogus": 1}),
         "config_list": lambda: m.update(config=[]),
+        "surrogate": lambda: q0.update(answer="x\udfff"),  # parses, cannot be written
     }
     edits[what]()
     return m
@@ -210,7 +211,7 @@ MANIFEST_EDITS = ["no_params", "no_graphs", "no_config", "no_convs", "no_questio
                   "questions_empty", "question_extra", "question_no_text",
                   "question_abst_str", "question_evidence_str", "question_list",
                   "lexical_str", "lexical_no_tokenizer", "lexical_bad_tokenizer",
-                  "config_list"]
+                  "config_list", "surrogate"]
 
 
 def test_every_edited_manifest_gets_a_one_line_error(tmp_path, small):
@@ -229,6 +230,7 @@ def test_every_edited_manifest_gets_a_one_line_error(tmp_path, small):
     assert "version 99 is newer" in messages["v99"]
     assert "field 'params.bogus': unknown setting" in messages["params_extra"]
     assert "field 'questions[0].text': missing" in messages["question_no_text"]
+    assert "field 'questions[0].answer': a lone UTF-16 surrogate" in messages["surrogate"]
     for raw in (b"\xff\xfe{", b"{", b"[]", b"", b"[" * 5000 + b"]" * 5000):
         mf.write_bytes(raw)
         with pytest.raises(IndexFormatError, match=str(mf)):
@@ -256,6 +258,10 @@ def _tensor_edit(t: dict, what: str):
         t["hybrid"][0, 0] = float("nan")
     elif what == "nan_tf":
         t["lexical.S.tf"][0] = float("nan")
+    elif what == "negative_tf":
+        t["lexical.T.tf"][0] = -3.0
+    elif what == "huge_turns":
+        t["turns"][0, 0] = 3e30
     elif what == "row_slot_range":
         t["row_slot"][0] = 10_000
     elif what == "offsets_down":
@@ -283,7 +289,8 @@ def _tensor_edit(t: dict, what: str):
     return t
 
 
-TENSOR_EDITS = ["nan_gran", "inf_q_emb", "nan_hybrid", "nan_tf", "row_slot_range",
+TENSOR_EDITS = ["nan_gran", "inf_q_emb", "nan_hybrid", "nan_tf", "negative_tf", "huge_turns",
+                "row_slot_range",
                 "offsets_down", "graph_range", "graph_short", "q_conv_range", "gran_int",
                 "no_q_emb", "q_emb_rows", "gran_2d", "lexical_term_range", "vocab_offsets",
                 "turn_ptr"]

@@ -1,9 +1,9 @@
 """Small field checkers shared by the loaders; every error names file, record, field."""
 from __future__ import annotations
 
-import re
 from typing import Any, Optional, Union
 
+from .._io import find_surrogate  # noqa: F401  (re-exported for the loaders)
 from ..errors import DataFormatError
 
 _TYPE_NAMES = {list: "a list", dict: "an object", str: "a string"}
@@ -52,25 +52,6 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def find_surrogate(value: Any, where: str = "") -> Optional[str]:
-    """The path (``qa[3].answer``) of the first string in ``value`` holding a lone UTF-16
-    surrogate (``"\\udfff"`` parses but cannot be encoded as UTF-8), else None."""
-    if isinstance(value, str):
-        return (where or "(value)") if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            name = f"{where}.{k}" if where else str(k)
-            if _SURROGATE.search(k):
-                return name
-            found = find_surrogate(v, name)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = find_surrogate(v, f"{where}[{i}]")
-            if found is not None:
-                return found
-    return None
+def one_line(error: Any) -> str:
+    """A parser's message on one line (yajl's span several, with a caret)."""
+    return " ".join(str(error).split())

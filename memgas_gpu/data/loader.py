@@ -12,7 +12,7 @@ from .locomo import flat_default_id, parse_locomo_record
 from .longmemeval import SessionInterner, iter_longmemeval
 from .longmtbench import parse_longmtbench_record
 from .model import Conversation, Dataset
-from ._validate import RecordContext, find_surrogate
+from ._validate import RecordContext, find_surrogate, one_line
 
 __all__ = ["load_dataset", "detect_format", "FORMATS"]
 
@@ -70,7 +70,8 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
                 elif event == "end_map" and pfx == prefix:
                     break
         except ijson.JSONError as e:
-            raise DataFormatError(str(path), f"invalid or truncated JSON ({e})") from None
+            raise DataFormatError(str(path), f"invalid or truncated JSON ({one_line(e)})") \
+                from None
         except UnicodeDecodeError as e:
             raise DataFormatError(str(path), f"not UTF-8 text ({e.reason})") from None
     raise DataFormatError(str(path), "unknown format: no field identifies it as one of "

@@ -18,7 +18,7 @@ import logging
 from typing import IO, Callable, Iterator, Optional
 
 from .model import Conversation, Question, Session, pair_messages
-from ._validate import RecordContext, as_text
+from ._validate import RecordContext, as_text, one_line
 
 __all__ = ["iter_longmemeval", "strip_answer_prefix", "SessionInterner"]
 
@@ -156,6 +156,7 @@ def iter_longmemeval(f: IO[bytes], path: str, *, interner: Optional[SessionInter
             if on_record is not None:
                 on_record(f.tell() if hasattr(f, "tell") else index)
     except ijson.JSONError as e:
-        raise RecordContext(path, index + 1).error(f"invalid or truncated JSON ({e})") from None
+        raise RecordContext(path, index + 1).error(f"invalid or truncated JSON ({one_line(e)})") \
+            from None
     except UnicodeDecodeError as e:  # invalid UTF-8, or a lone surrogate escape
         raise RecordContext(path, index + 1).error(f"not UTF-8 text ({e.reason})") from None

@@ -162,8 +162,9 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
             rows = n_q if g == "q" else None
             _csr(where, t, f"lexical.{g}", rows, n_terms)
             tf = _tensor(where, t, f"lexical.{g}.tf", 1, floating=True)
-            if not bool(torch.isfinite(tf).all()):
-                raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': NaN or inf counts")
+            if not bool(torch.isfinite(tf).all()) or bool((tf < 0).any()):
+                raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': negative, NaN or "
+                                       "inf term counts")
             if tf.numel() != t[f"lexical.{g}.indices"].numel():
                 raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': "
                                        f"{tf.numel()} counts for "
@@ -173,9 +174,13 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
                 _pointers(where, f"lexical.{g}.doc_ptr", ptr,
                           t[f"lexical.{g}.indptr"].numel() - 1)
     for name in EMBEDDINGS:
-        if name in t and not bool(torch.isfinite(t[name]).all()):
-            bad = int((~torch.isfinite(t[name])).any(dim=-1).sum())
+        if name not in t:
+            continue
+        # a norm that overflows float32 (|x| ~ 1e19) would make NaN similarities too
+        norms = torch.linalg.vector_norm(t[name].float(), dim=-1)
+        if not bool(torch.isfinite(norms).all()):
+            bad = int((~torch.isfinite(norms)).sum())
             raise IndexFormatError(f"{where}: tensor {name!r}: {bad} embedding(s) hold NaN "
-                                   "or inf (a corrupted file or a bad encoder output); "
-                                   "rebuild the index")
+                                   "or inf, or overflow (a corrupted file or a bad encoder "
+                                   "output); rebuild the index")
 

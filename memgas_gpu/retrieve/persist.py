@@ -28,7 +28,7 @@ from typing import Union
 import torch
 
 from ..data.model import Question
-from .._io import atomic_write
+from .._io import atomic_write, find_surrogate
 from .checks import IndexFormatError, check_manifest, check_tensors
 from .index import ConversationMeta, GraphParams, MemoryIndex
 
@@ -174,13 +174,18 @@ def _read_json(mf: Path):
         raise FileNotFoundError(mf) if not mf.exists() else \
             IndexFormatError(f"{mf}: not a regular file")
     try:
-        return json.loads(mf.read_bytes().decode("utf-8"))
+        m = json.loads(mf.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
         raise IndexFormatError(f"{mf}: not UTF-8 text ({e.reason})") from None
     except json.JSONDecodeError as e:
         raise IndexFormatError(f"{mf}: invalid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
         raise IndexFormatError(f"{mf}: JSON nested too deeply") from None
+    bad = find_surrogate(m)
+    if bad is not None:
+        raise IndexFormatError(f"{mf}: field {bad!r}: a lone UTF-16 surrogate escape (not "
+                               "valid Unicode text)")
+    return m
 
 
 def _check_header(mf: Path, m) -> None:
