@@ -44,7 +44,10 @@ def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> It
 def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     """Yield a temporary directory beside ``path``; move it onto ``path`` on success.
 
-    An existing ``path`` is replaced only after the new one is complete.
+    An existing ``path`` is replaced only after the new one is complete, but by two
+    renames (old away, new in): a kill between them leaves no ``path`` (the old one
+    survives as ``.NAME.old``) and a concurrent reader may miss it. Index folders use
+    the versioned layout of :mod:`memgas_gpu.retrieve.persist` instead.
     """
     import shutil
 
