@@ -177,10 +177,15 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
 
     Returns:
         A :class:`Dataset`; sessions recurring across conversations with the same
-        id and content are one shared object.
+        id and content are one shared object. A session listed twice in one
+        LongMemEval haystack with the same content is kept once (a warning is logged).
 
     Raises:
-        DataFormatError: naming the file, the record and the field.
+        DataFormatError: naming the file, the record and the field; also for JSON
+            nested deeper than 64 levels (found by a bounded pre-scan, before any
+            parser), text that is not UTF-8 or holds lone surrogates, a file that is
+            not a regular file, a session id used twice with different content, and
+            data without conversations. See ``docs/failure.md``.
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if ``conversations`` or ``exclude`` names an id the data lacks.
     """
