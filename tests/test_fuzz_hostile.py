@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from _hostile import ROOT, build_small_index

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from .._io import find_surrogate  # noqa: F401  (re-exported for the loaders)
 from ..errors import DataFormatError
 
 _TYPE_NAMES = {list: "a list", dict: "an object", str: "a string"}

@@ -12,7 +12,8 @@ from .locomo import flat_default_id, parse_locomo_record
 from .longmemeval import SessionInterner, iter_longmemeval
 from .longmtbench import parse_longmtbench_record
 from .model import Conversation, Dataset
-from ._validate import RecordContext, find_surrogate, one_line
+from .._io import find_surrogate
+from ._validate import RecordContext, one_line
 
 __all__ = ["load_dataset", "detect_format", "FORMATS"]
 
