@@ -17,8 +17,9 @@ from ..errors import MemgasError
 
 __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "EMBEDDINGS"]
 
-#: tensors holding embeddings: refused when they hold NaN or inf
-EMBEDDINGS = ("gran", "hybrid", "q_emb", "turns")
+#: tensors holding embeddings: refused when they hold NaN or inf ("hybrid" is the
+#: name "concat" had in indexes written before 0.2)
+EMBEDDINGS = ("gran", "concat", "hybrid", "q_emb", "turns")
 _PARAMS = {"m": int, "skip_sessions": int, "rule": str, "topk": int}
 _QUESTION = {"id": str, "text": str, "type": str, "date": str, "answer": str,
              "evidence_session_ids": list, "is_abstention": bool}
@@ -142,8 +143,9 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
     gran = _tensor(where, t, "gran", 3, floating=True, shape=(None, 4, None))
     n_slots, dim = gran.shape[0], gran.shape[2]
     _in_range(where, "row_slot", row_slot, 0, n_slots)
-    if "hybrid" in t:
-        _tensor(where, t, "hybrid", 2, floating=True, shape=(n_slots, dim))
+    for name in ("concat", "hybrid"):
+        if name in t:
+            _tensor(where, t, name, 2, floating=True, shape=(n_slots, dim))
     _tensor(where, t, "q_emb", 2, floating=True, shape=(n_q, dim))
     q_conv = _tensor(where, t, "q_conv", 1, shape=(n_q,))
     _in_range(where, "q_conv", q_conv, 0, n_conv)
@@ -151,6 +153,10 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
         turns = _tensor(where, t, "turns", 2, floating=True, shape=(None, dim))
         ptr = _tensor(where, t, "turn_ptr", 1, shape=(n_slots + 1,))
         _pointers(where, "turn_ptr", ptr, turns.shape[0])
+    if "turn_text.bytes" in t or "turn_text.offsets" in t:
+        tb = _tensor(where, t, "turn_text.bytes", 1)
+        _pointers(where, "turn_text.offsets", _tensor(where, t, "turn_text.offsets", 1),
+                  tb.numel())
     for g in m["graphs"]:
         _csr(where, t, f"graph.{g}", 4 * n_rows, 4 * n_rows)
     if m.get("lexical"):
