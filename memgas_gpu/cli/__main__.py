@@ -1,4 +1,4 @@
-"""``python -m memgas_gpu.cli``: the ``memgas`` command with this package's code."""
+"""``python -m memgas_gpu.cli``: the ``memgas`` command."""
 from .main import main
 
 main()
