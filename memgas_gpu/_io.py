@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Any, Iterator, Optional, Union
 
-__all__ = ["atomic_write", "atomic_dir", "iter_jsonl"]
+__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate"]
 
 
 def _umask() -> int:
@@ -43,7 +44,10 @@ def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> It
 def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     """Yield a temporary directory beside ``path``; move it onto ``path`` on success.
 
-    An existing ``path`` is replaced only after the new one is complete.
+    An existing ``path`` is replaced only after the new one is complete, but by two
+    renames (old away, new in): a kill between them leaves no ``path`` (the old one
+    survives as ``.NAME.old``) and a concurrent reader may miss it. Index folders use
+    the versioned layout of :mod:`memgas_gpu.retrieve.persist` instead.
     """
     import shutil
 
@@ -89,3 +93,46 @@ def iter_jsonl(path: Union[str, os.PathLike]) -> Iterator[tuple[int, dict]]:
             if not isinstance(obj, dict):
                 raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
             yield lineno, obj
+
+
+def nan_to_null(obj):
+    """``obj`` with every NaN or infinite float replaced by None, for strict JSON.
+
+    Used where a non-finite number means "no value" (an average over no question);
+    write with ``json.dump(..., allow_nan=False)`` so that anything missed fails loudly
+    instead of writing the invalid tokens ``NaN``/``Infinity``.
+    """
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: nan_to_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [nan_to_null(v) for v in obj]
+    return obj
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_surrogate(value: Any, where: str = "") -> Optional[str]:
+    """The path (``qa[3].answer``) of the first string in ``value`` holding a lone UTF-16
+    surrogate (``"\\udfff"`` parses but cannot be encoded as UTF-8), else None."""
+    if isinstance(value, str):
+        return (where or "(value)") if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name = f"{where}.{k}" if where else str(k)
+            if _SURROGATE.search(k):
+                return name
+            found = find_surrogate(v, name)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = find_surrogate(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .._io import atomic_write
+from .._io import atomic_write, nan_to_null
 from .bandwidth import bandwidth_rows
 from .limits import RATIO_GOALS, evaluate_goals, limit_seconds
 from .scaling import scaling_rows, sweep_series
@@ -131,7 +131,7 @@ def write_json(path, records, meta: dict) -> Path:
                                                                        "commit_info")}}
     path = Path(path)
     with atomic_write(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(doc, indent=1, default=str))
+        f.write(json.dumps(nan_to_null(doc), indent=1, default=str, allow_nan=False))
     return path
 
 

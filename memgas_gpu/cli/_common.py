@@ -2,10 +2,59 @@
 from __future__ import annotations
 
 import functools
+import math
+from typing import Optional
 
 import click
 
 from ..data import FORMATS
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that refuses NaN and ±inf (``click.FloatRange`` lets NaN through:
+    every comparison with NaN is False) and, optionally, values outside a range.
+
+    Args:
+        min, max: bounds (None: unbounded on that side).
+        min_open, max_open: exclude the bound itself.
+    """
+
+    name = "float"
+
+    def __init__(self, min: Optional[float] = None, max: Optional[float] = None,
+                 min_open: bool = False, max_open: bool = False) -> None:
+        self.min, self.max, self.min_open, self.max_open = min, max, min_open, max_open
+
+    def describe(self) -> str:
+        """The accepted range, e.g. ``0 < x <= 1`` (also shown in ``--help``)."""
+        lo = "" if self.min is None else f"{self.min:g} {'<' if self.min_open else '<='} "
+        hi = "" if self.max is None else f" {'<' if self.max_open else '<='} {self.max:g}"
+        return f"{lo}x{hi}" if lo or hi else "a finite number"
+
+    def check(self, value) -> Optional[str]:
+        """None if ``value`` is accepted, else why not (one phrase)."""
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            return f"{value!r} is not a number"
+        if not math.isfinite(x):
+            return f"{value!r} is not a finite number"
+        if self.min is not None and (x < self.min or (self.min_open and x == self.min)) or \
+                self.max is not None and (x > self.max or (self.max_open and x == self.max)):
+            return f"{value!r} is not in the range {self.describe()}"
+        return None
+
+    def convert(self, value, param, ctx):
+        why = self.check(value)
+        if why is not None:
+            self.fail(why, param, ctx)
+        return float(value)
+
+    def get_metavar(self, param, ctx=None) -> str:  # click 8.1 and 8.2 signatures
+        return "FLOAT"
+
+    def __repr__(self) -> str:
+        return f"FiniteFloat({self.describe()})"
 
 
 def _id_list(ctx, param, value):
@@ -56,7 +105,7 @@ def build_options(f):
                        "[default: bundled all-MiniLM-L6-v2, offline].")
     @click.option("--pooling", type=click.Choice(("mean", "cls")), default="mean",
                   show_default=True)
-    @click.option("--max-length", type=int, default=None,
+    @click.option("--max-length", type=click.IntRange(1), default=None,
                   help="Tokens per text (longer texts are truncated) [default: the "
                        "model's sentence-transformers max_seq_length, else 512].")
     @click.option("--summaries", default="offline", show_default=True, metavar="SRC",
@@ -78,7 +127,7 @@ def build_options(f):
                        "('auto', 'ray://host:10001').")
     @click.option("--workers", type=click.IntRange(1), default=2, show_default=True,
                   help="With --ray: encoder actors and evaluation tasks.")
-    @click.option("--gpus-per-worker", type=click.FloatRange(0), default=0.0,
+    @click.option("--gpus-per-worker", type=FiniteFloat(0), default=0.0,
                   show_default=True, help="With --ray: GPUs per encoder actor (1 = one per GPU).")
     @functools.wraps(f)
     def wrapper(*a, **k):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .._io import atomic_write
+from .._io import atomic_write, nan_to_null
 from ._common import dataset_options, load
 from .expand import llm_options, make_client, pop_llm_options, report_client
 
@@ -24,10 +24,11 @@ def _evaluate(ds, hyps, judge, source, out) -> None:
     click.echo(format_qa_table(report))
     if out:
         with atomic_write(out, "w", encoding="utf-8") as f:
-            json.dump({"hypotheses": source, "judge": None if judge is None else
-                       judge.config.describe(), **report,
-                       "verdicts": {it.question_id: it.verdict for it in items}
-                       if judge is not None else {}}, f, indent=2)
+            json.dump(nan_to_null({"hypotheses": source, "judge": None if judge is None
+                                   else judge.config.describe(), **report,
+                                   "verdicts": {it.question_id: it.verdict for it in items}
+                                   if judge is not None else {}}), f, indent=2,
+                      allow_nan=False)
         click.echo(f"wrote {out}", err=True)
 
 

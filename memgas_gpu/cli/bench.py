@@ -8,6 +8,7 @@ import time
 import click
 
 from ..bench.suite import SCALES, STAGES
+from ._common import FiniteFloat
 
 
 @click.command("bench")
@@ -23,7 +24,7 @@ from ..bench.suite import SCALES, STAGES
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch intra-op threads [default: 1 on CPU, like the single-threaded "
                    "reference].")
-@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+@click.option("--budget", "budget_s", type=FiniteFloat(1), default=None,
               help="Wall-clock seconds; sweep points after it are skipped.")
 @click.option("--no-reference", is_flag=True, help="Time only our implementation.")
 @click.option("--quiet", is_flag=True, help="No per-point progress lines.")

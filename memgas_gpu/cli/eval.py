@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from .._io import atomic_write
-from ._common import (build_index, build_options, dataset_options, parse_ks, parse_settings,
-                      ray_or_exit)
+from .._io import atomic_write, nan_to_null
+from ._common import (FiniteFloat, build_index, build_options, dataset_options, parse_ks,
+                      parse_settings, ray_or_exit)
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -25,11 +25,11 @@ KS = (1, 3, 5, 10, 30, 50)
 @click.option("--router", type=click.Choice(("inverse", "one_minus", "uniform")), default=None,
               help="Router weights: paper's 1/H, the authors' code's 1-H, or uniform "
                    "[default: each method's preset].")
-@click.option("--temperature", type=float, default=None,
+@click.option("--temperature", type=FiniteFloat(0, min_open=True), default=None,
               help="Router softmax temperature λ [default: preset; memgas 0.2].")
-@click.option("--alpha", type=int, default=None,
+@click.option("--alpha", type=click.IntRange(1), default=None,
               help="Seed nodes kept for PageRank [default: preset, 15].")
-@click.option("--damping", type=float, default=None,
+@click.option("--damping", type=FiniteFloat(0, 1), default=None,
               help="Probability of following an edge [default: preset, 0.1].")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
               help="Any read-path setting (repeat), e.g. --set time_beta=0 --set fusion=ppr "
@@ -95,8 +95,8 @@ def eval_cmd(source, methods, router, temperature, alpha, damping, set_specs, si
     if out:
         mpath = Path(out).with_suffix(".metrics.json")
         with atomic_write(mpath, "w", encoding="utf-8") as f:
-            json.dump({"source": str(source), "params": used, "ks": list(ks),
-                       "methods": results}, f, indent=1, allow_nan=False)
+            json.dump(nan_to_null({"source": str(source), "params": used, "ks": list(ks),
+                                   "methods": results}), f, indent=1, allow_nan=False)
         click.echo(f"wrote {mpath}", err=True)
 
 

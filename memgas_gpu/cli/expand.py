@@ -9,7 +9,7 @@ import os
 
 import click
 
-from ._common import dataset_options, load
+from ._common import FiniteFloat, dataset_options, load
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -27,12 +27,14 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
                            "taken on the command line.")
         @click.option("--concurrency", type=click.IntRange(1), default=8, show_default=True,
                       help="Requests in flight at most.")
-        @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0,
+        @click.option("--timeout", type=FiniteFloat(0, min_open=True), default=120.0,
                       show_default=True, help="Seconds per request attempt.")
         @click.option("--max-retries", type=click.IntRange(0), default=6, show_default=True,
                       help="Retries after 429, 5xx, timeouts and connection errors.")
         @click.option("--max-tokens", type=click.IntRange(1), default=500, show_default=True,
                       help="Completion length limit.")
+        @click.option("--max-response-mb", type=FiniteFloat(0, min_open=True), default=16.0,
+                      show_default=True, help="Largest response body accepted (MiB).")
         @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
                       help="SQLite response cache (resume / free reruns) [default: "
                            "$MEMGAS_LLM_CACHE or ~/.cache/memgas_gpu/llm_cache.sqlite].")
@@ -45,7 +47,7 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
 
 
 _LLM_KEYS = ("llm_model", "base_url", "api_key_env", "concurrency", "timeout", "max_retries",
-             "max_tokens", "cache_path", "no_cache")
+             "max_tokens", "max_response_mb", "cache_path", "no_cache")
 
 
 def pop_llm_options(opts: dict) -> dict:
@@ -66,7 +68,8 @@ def make_client(llm: dict, model=None):
     cfg = LLMConfig.from_env(model=model or llm["llm_model"], base_url=llm["base_url"],
                              api_key=key, concurrency=llm["concurrency"],
                              timeout=llm["timeout"], max_retries=llm["max_retries"],
-                             max_tokens=llm["max_tokens"])
+                             max_tokens=llm["max_tokens"],
+                             max_response_bytes=max(1, int(llm["max_response_mb"] * 2**20)))
     cache = None if llm["no_cache"] else ResponseCache(llm["cache_path"] or
                                                        default_cache_path())
     return ChatClient(cfg, cache)

@@ -16,7 +16,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except MemgasError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo("error: " + " ".join(str(e).split()), err=True)  # always one line
             sys.exit(2)
 
 

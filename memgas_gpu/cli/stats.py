@@ -19,7 +19,8 @@ def stats(path: str, as_json: bool, fmt: str, empty_sessions: str, user_only: bo
     ds = load(path, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     st = dataset_stats(ds)
     if as_json:
-        click.echo(json.dumps({"path": path, "format": ds.format, **st.as_dict()}, indent=2))
+        click.echo(json.dumps({"path": path, "format": ds.format, **st.as_dict()}, indent=2,
+                              allow_nan=False))
         return
     rows = [
         ("format", ds.format),

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import click
 
-from .._io import atomic_write
-from ._common import build_index, build_options, dataset_options, load, parse_ks
+from .._io import atomic_write, nan_to_null
+from ._common import FiniteFloat, build_index, build_options, dataset_options, load, parse_ks
+
+#: accepted ranges of the numeric grid keys (NaN and inf are refused for all)
+_GRID_RANGES = {"temperature": FiniteFloat(0, min_open=True), "damping": FiniteFloat(0, 1),
+                "k1": FiniteFloat(0), "b": FiniteFloat(0, 1), "alpha": FiniteFloat(1),
+                "time_beta": FiniteFloat(0), "speaker_gamma": FiniteFloat(0)}
 
 #: conversations up to which the leave-one-out picks are printed one per line
 MAX_LOO_LINES = 12
@@ -48,6 +53,11 @@ def parse_grid(specs) -> dict:
             raise click.BadParameter(f"non-finite value in {spec!r}")
         if not values:
             raise click.BadParameter(f"no values in {spec!r}")
+        if key in _GRID_RANGES:
+            for v in values:
+                why = _GRID_RANGES[key].check(v)
+                if why is not None:
+                    raise click.BadParameter(f"{key}: {why} in {spec!r}")
         grid[key] = list(dict.fromkeys(values))
     return grid
 
@@ -159,11 +169,12 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
         base = Path(out)
         with atomic_write(base.with_suffix(".csv"), "w", encoding="utf-8", newline="") as f:
             f.write(buf.getvalue())
+        doc = {"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
+                                                  else v for v in vals]
+                                              for k, vals in grid.items()},
+               "rank_by": by, "rows": rows, "leave_one_out": loo,
+               "gains": [dict(zip(("type", "k", "ours", "best_baseline", "baseline",
+                                   "gain"), x)) for x in g]}
         with atomic_write(base.with_suffix(".json"), "w", encoding="utf-8") as f:
-            json.dump({"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
-                                                          else v for v in vals]
-                                                      for k, vals in grid.items()},
-                       "rank_by": by, "rows": rows, "leave_one_out": loo,
-                       "gains": [dict(zip(("type", "k", "ours", "best_baseline", "baseline",
-                                           "gain"), x)) for x in g]}, f, indent=1)
+            json.dump(nan_to_null(doc), f, indent=1, allow_nan=False)  # no value: null
         click.echo(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}", err=True)

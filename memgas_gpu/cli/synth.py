@@ -5,6 +5,7 @@ from typing import Optional
 
 import click
 
+from ._common import FiniteFloat
 from ..synth import (
     DEFAULT_ABSTENTION_RATE,
     DEFAULT_DISTRACTOR_RATE,
@@ -50,9 +51,9 @@ def _preset_help() -> str:
                    "'all' (every session its own, nothing for deduplication to save; "
                    "streamed, any size). Default: the pool, 2 x sessions.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option("--abstention-rate", type=float, default=DEFAULT_ABSTENTION_RATE,
+@click.option("--abstention-rate", type=FiniteFloat(0, 1), default=DEFAULT_ABSTENTION_RATE,
               show_default=True, help="Fraction of _abs (abstention) questions.")
-@click.option("--distractor-rate", type=float, default=DEFAULT_DISTRACTOR_RATE,
+@click.option("--distractor-rate", type=FiniteFloat(0, 1), default=DEFAULT_DISTRACTOR_RATE,
               show_default=True, help="Fraction of pool sessions with an unrelated fact.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Progress bar on stderr.")

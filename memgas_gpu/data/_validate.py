@@ -49,3 +49,8 @@ def as_text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def one_line(error: Any) -> str:
+    """A parser's message on one line (yajl's span several, with a caret)."""
+    return " ".join(str(error).split())

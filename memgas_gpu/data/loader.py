@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from ..errors import DataFormatError
+from ._jsonscan import BOM, check_json_file
 from .locomo import flat_default_id, parse_locomo_record
 from .longmemeval import SessionInterner, iter_longmemeval
 from .longmtbench import parse_longmtbench_record
 from .model import Conversation, Dataset
-from ._validate import RecordContext
+from .._io import find_surrogate
+from ._validate import RecordContext, one_line
 
 __all__ = ["load_dataset", "detect_format", "FORMATS"]
 
@@ -28,8 +30,16 @@ _KEY_FORMAT = {
 }
 
 
+def _open_json(path: Path):
+    """Open ``path`` for reading bytes, past a UTF-8 byte-order mark if it has one."""
+    f = open(path, "rb")
+    if f.read(len(BOM)) != BOM:
+        f.seek(0)
+    return f
+
+
 def _first_char(path: Path) -> str:
-    with open(path, "rb") as f:
+    with _open_json(path) as f:
         while True:
             chunk = f.read(4096)
             if not chunk:
@@ -49,7 +59,7 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
         raise DataFormatError(str(path), "not a JSON list or object: unknown format "
                               f"(supported: {', '.join(FORMATS)})")
     prefix = "item" if first == "[" else ""
-    with open(path, "rb") as f:
+    with _open_json(path) as f:
         try:
             for pfx, event, value in ijson.parse(f):
                 if event == "map_key" and pfx == prefix:
@@ -61,7 +71,10 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
                 elif event == "end_map" and pfx == prefix:
                     break
         except ijson.JSONError as e:
-            raise DataFormatError(str(path), f"invalid or truncated JSON ({e})") from None
+            raise DataFormatError(str(path), f"invalid or truncated JSON ({one_line(e)})") \
+                from None
+        except UnicodeDecodeError as e:
+            raise DataFormatError(str(path), f"not UTF-8 text ({e.reason})") from None
     raise DataFormatError(str(path), "unknown format: no field identifies it as one of "
                           f"{', '.join(FORMATS)} (pass format=...)")
 
@@ -74,7 +87,7 @@ def _load_json(path: Path):
         raise DataFormatError(str(path), f"invalid or truncated JSON: {e.msg} at line "
                               f"{e.lineno} column {e.colno}") from None
     except UnicodeDecodeError as e:
-        raise DataFormatError(str(path), f"not UTF-8 text ({e})") from None
+        raise DataFormatError(str(path), f"not UTF-8 text ({e.reason})") from None
 
 
 def _records(path: Path, data, fmt: str) -> list:
@@ -105,7 +118,7 @@ def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
             bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
                        desc=f"loading {path.name}", leave=False,
                        disable=None)  # None: shown on a terminal only, not in logs
-        with open(path, "rb") as f:
+        with _open_json(path) as f:
             last = [0]
 
             def tick(pos: int) -> None:
@@ -124,6 +137,9 @@ def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
     out = []
     for i, rec in enumerate(_records(path, data, fmt)):
         ctx = RecordContext(str(path), i)
+        bad = find_surrogate(rec)
+        if bad is not None:
+            raise ctx.error("a lone UTF-16 surrogate escape (not valid Unicode text)", bad)
         if fmt == "longmtbench":
             out.append(parse_longmtbench_record(ctx, rec, empty_sessions))
         else:
@@ -162,10 +178,15 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
 
     Returns:
         A :class:`Dataset`; sessions recurring across conversations with the same
-        id and content are one shared object.
+        id and content are one shared object. A session listed twice in one
+        LongMemEval haystack with the same content is kept once (a warning is logged).
 
     Raises:
-        DataFormatError: naming the file, the record and the field.
+        DataFormatError: naming the file, the record and the field; also for JSON
+            nested deeper than 64 levels (found by a bounded pre-scan, before any
+            parser), text that is not UTF-8 or holds lone surrogates, a file that is
+            not a regular file, a session id used twice with different content, and
+            data without conversations. See ``docs/failure.md``.
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if ``conversations`` or ``exclude`` names an id the data lacks.
     """
@@ -174,6 +195,8 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such file or folder: {path}")
+    if not path.is_dir() and not path.is_file():
+        raise DataFormatError(str(path), "not a regular file or folder")
     interner = SessionInterner()
     if path.is_dir():
         files = sorted((p for p in path.iterdir() if p.suffix == ".json" and p.is_file()),
@@ -185,6 +208,7 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
     convs: list[Conversation] = []
     formats = set()
     for f in files:
+        check_json_file(f)  # bounded memory on hostile nesting, before any parser runs
         fmt = detect_format(f) if format == "auto" else format
         formats.add(fmt)
         convs += _load_file(f, fmt, empty_sessions, user_only, interner, progress)
@@ -193,9 +217,13 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
         if c.id in seen:
             raise DataFormatError(str(path), f"duplicate conversation id {c.id!r}")
         seen.add(c.id)
+    if not convs:
+        raise DataFormatError(str(path), "no conversations: nothing to index or evaluate")
     fmt_name = formats.pop() if len(formats) == 1 else "+".join(sorted(formats))
     ds = Dataset(convs, format=fmt_name.replace("locomo_flat", "locomo"),
                  source=str(path))
     if conversations is not None or exclude is not None:
         ds = ds.select(conversations, exclude)
+        if not len(ds):
+            raise ValueError(f"{path}: the selection keeps no conversation")
     return ds

@@ -28,7 +28,7 @@ __all__ = ["parse_locomo_record", "LOCOMO_CATEGORIES", "locomo_summaries"]
 LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
                      5: "adversarial"}
 
-_SESSION_KEY = re.compile(r"^session_(\d+)$")
+_SESSION_KEY = re.compile(r"^session_(\d{1,9})$")
 _EVIDENCE = re.compile(r"^D(\d+):(\d+)$")
 
 
@@ -49,7 +49,9 @@ def _conversation_part(ctx: RecordContext, rec: dict, flat: bool) -> dict:
 def locomo_summaries(rec: dict, flat: bool) -> dict[str, str]:
     """LoCoMo's own per-session summaries: ``{"session_N": text}``."""
     src = rec if flat else rec.get("session_summary") or {}
-    out = {}
+    out: dict[str, str] = {}
+    if not isinstance(src, dict):
+        return out
     for k, v in src.items():
         m = re.match(r"^session_(\d+)_summary$", k)
         if m and isinstance(v, str):
@@ -67,10 +69,20 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
         raise ctx.error("missing or empty conversation id", "sample_id")
     ctx.record_id = cid
     conv = _conversation_part(ctx, rec, flat)
-    numbers = sorted(int(m.group(1)) for k in conv if (m := _SESSION_KEY.match(k)))
+    if not flat:
+        ctx.get(rec, "session_summary", dict, optional=True)
+    keys: dict[int, str] = {}
+    for k in conv:
+        m = _SESSION_KEY.match(k)
+        if m is None:
+            continue
+        n = int(m.group(1))
+        if n in keys:  # session_01 beside session_1: one session id, two contents
+            raise ctx.error(f"keys {keys[n]!r} and {k!r} both name session_{n}", k)
+        keys[n] = k
     sessions: list[Session] = []
-    for n in numbers:
-        key = f"session_{n}"
+    for n in sorted(keys):
+        key = keys[n]
         raw = conv[key]
         if not isinstance(raw, list):
             raise ctx.error(f"expected a list of dialogue turns, got {type(raw).__name__}", key)
@@ -87,8 +99,8 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
                 raise ctx.error("empty session (pass empty_sessions='keep' or 'drop')", key)
             if empty_sessions == "drop":
                 continue
-        date = as_text(conv.get(f"{key}_date_time", ""))
-        sessions.append(Session(key, date, pair_messages(messages)))
+        date = as_text(conv.get(f"{key}_date_time", conv.get(f"session_{n}_date_time", "")))
+        sessions.append(Session(f"session_{n}", date, pair_messages(messages)))
     if not sessions:
         raise ctx.error("no sessions found", "conversation" if not flat else "session_1")
     questions = []
@@ -107,6 +119,9 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
                             default=[])
         gold = [s for s in map(_evidence_session, evidence) if s is not None]
         category = q.get("category")
+        if category is not None and not isinstance(category, (int, str)):
+            raise qctx.error(f"expected a number or a string, got {type(category).__name__}",
+                             f"{qf}.category")
         qtype = LOCOMO_CATEGORIES.get(category, as_text(category))
         questions.append(Question(
             id=f"{cid}_q{i}", text=text, type=qtype, date="", answer=as_text(answer),

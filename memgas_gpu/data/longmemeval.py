@@ -14,12 +14,15 @@ reference does.
 """
 from __future__ import annotations
 
+import logging
 from typing import IO, Callable, Iterator, Optional
 
 from .model import Conversation, Question, Session, pair_messages
-from ._validate import RecordContext, as_text
+from ._validate import RecordContext, as_text, one_line
 
 __all__ = ["iter_longmemeval", "strip_answer_prefix", "SessionInterner"]
+
+log = logging.getLogger("memgas_gpu.data")
 
 
 def strip_answer_prefix(session_id: str) -> str:
@@ -91,6 +94,7 @@ def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
     if dates is not None and len(dates) != len(ids):
         raise ctx.error(f"{len(dates)} dates but {len(ids)} sessions", "haystack_dates")
     sessions: list[Session] = []
+    by_id: dict[str, tuple[int, Session]] = {}
     derived_gold: list[str] = []
     for i, raw in enumerate(sessions_raw):
         rid = ids[i]
@@ -104,8 +108,20 @@ def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
         s, flagged = _parse_session(ctx, raw, i, sid, date, interner, empty_sessions)
         if flagged:
             derived_gold.append(sid)
-        if s is not None:
+        if s is None:
+            continue
+        first, prev = by_id.get(sid, (i, None))
+        if prev is None:
+            by_id[sid] = (i, s)
             sessions.append(s)
+        elif prev.turns is s.turns or prev.turns == s.turns:
+            # the same session listed twice: one haystack position, so metrics count it once
+            log.warning("%s: record %s (id %r): session %r listed twice with the same "
+                        "content; the repeat is dropped", ctx.path, ctx.record, qid, sid)
+        else:
+            raise ctx.error(f"session id {sid!r} used twice with different content "
+                            f"(positions {first} and {i}; ids are compared without "
+                            "the answer_ prefix)", f"haystack_session_ids[{i}]")
     gold_raw = inst.get("answer_session_ids")
     if gold_raw is None:
         gold = derived_gold
@@ -140,4 +156,7 @@ def iter_longmemeval(f: IO[bytes], path: str, *, interner: Optional[SessionInter
             if on_record is not None:
                 on_record(f.tell() if hasattr(f, "tell") else index)
     except ijson.JSONError as e:
-        raise RecordContext(path, index + 1).error(f"invalid or truncated JSON ({e})") from None
+        raise RecordContext(path, index + 1).error(f"invalid or truncated JSON ({one_line(e)})") \
+            from None
+    except UnicodeDecodeError as e:  # invalid UTF-8, or a lone surrogate escape
+        raise RecordContext(path, index + 1).error(f"not UTF-8 text ({e.reason})") from None

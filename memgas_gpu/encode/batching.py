@@ -29,6 +29,27 @@ __all__ = ["Tokenized", "TextTokenizer", "split_windows", "plan_batches", "pad_r
 
 #: Texts per tokenisation chunk handed to one worker thread.
 TOKENIZE_CHUNK = 2048
+#: with ``long_text="truncate"`` a text is first cut (at whitespace) after this many
+#: characters per content token, so one huge message costs the work of its first
+#: window, not of its whole length; a text that then yields too few tokens (mostly
+#: whitespace, or one very long "word" that tokenises to [UNK]) is retried with a 4x
+#: longer cut, up to ``MAX_CUT_GROWTH`` times the first
+CHARS_PER_TOKEN = 16
+MAX_CUT_GROWTH = 64
+#: with ``"chunk_mean"`` a long text is tokenised in pieces of about this many
+#: characters (cut at whitespace), so the tokenizer's memory is bounded per piece
+PIECE_CHARS = 1 << 20
+
+
+def cut_at_space(text: str, limit: int, look_back: int = 1000) -> int:
+    """An end position ``<= limit`` at a whitespace character (so no word is cut), or
+    ``limit`` if the last ``look_back`` characters before it hold none."""
+    if len(text) <= limit:
+        return len(text)
+    for j in range(limit, max(limit - look_back, 0), -1):
+        if text[j - 1].isspace():
+            return j
+    return limit
 
 
 @dataclass
@@ -129,12 +150,44 @@ class TextTokenizer:
                 raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str")
         pre, suf = self.prefix, self.suffix
         out = []
-        for ids in self._content_ids(texts):
+        for ids in (self._truncated_ids(texts) if self.long_text == "truncate"
+                    else self._all_ids(texts)):
             if self.long_text == "truncate":
                 out.append([pre + ids[: self.content_len] + suf])
             else:
                 out.append([pre + w + suf for w in split_windows(ids, self.content_len, self.stride)])
         return Tokenized(out)
+
+    def _truncated_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Content ids of at least the first ``content_len`` tokens of each text (all of
+        a shorter text), tokenising a bounded prefix of long texts."""
+        cap = first = self.content_len * CHARS_PER_TOKEN
+        cut = [t[: cut_at_space(t, cap)] for t in texts]
+        ids = self._content_ids(cut)
+        short = [i for i, t in enumerate(cut) if len(t) < len(texts[i])
+                 and len(ids[i]) < self.content_len]
+        while short and cap < first * MAX_CUT_GROWTH:  # mostly whitespace: a longer prefix
+            cap *= 4
+            for i in short:
+                cut[i] = texts[i][: cut_at_space(texts[i], cap)]
+            for i, x in zip(short, self._content_ids([cut[i] for i in short])):
+                ids[i] = x
+            short = [i for i in short if len(cut[i]) < len(texts[i])
+                     and len(ids[i]) < self.content_len]
+        return ids
+
+    def _all_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Content ids of every text; a long one tokenised in whitespace-cut pieces."""
+        ids = self._content_ids([t if len(t) <= PIECE_CHARS else "" for t in texts])
+        for i, t in enumerate(texts):
+            if len(t) > PIECE_CHARS:
+                pieces, start = [], 0
+                while start < len(t):
+                    end = start + cut_at_space(t[start:start + PIECE_CHARS + 1], PIECE_CHARS)
+                    pieces.append(t[start:end])
+                    start = end
+                ids[i] = [x for part in self._content_ids(pieces) for x in part]
+        return ids
 
 
 def split_windows(ids: Sequence[int], window: int, stride: int) -> list[list[int]]:

@@ -276,7 +276,7 @@ class EmbeddingStore:
         if man.get("encoder") is None and hasattr(encoder, "describe"):
             man["encoder"] = encoder.describe()
         with atomic_write(self.dir / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump(man, f, indent=1)
+            json.dump(man, f, indent=1, allow_nan=False)
         _fsync_dir(self.dir)
         self._manifest = man
         self._attach(name)

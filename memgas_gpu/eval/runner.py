@@ -116,4 +116,4 @@ def write_logs(ev: Evaluation, path: Union[str, os.PathLike], max_items: Optiona
                                 "turn": {}},
                 },
             }
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n")

@@ -165,7 +165,7 @@ def write_hypotheses(records: Sequence[dict], path: Union[str, os.PathLike]) -> 
     """LongMemEval hypothesis JSONL, written atomically."""
     with atomic_write(path, "w", encoding="utf-8") as f:
         for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.write(json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def load_hypotheses(path: Union[str, os.PathLike]) -> dict[str, str]:

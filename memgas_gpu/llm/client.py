@@ -7,8 +7,11 @@ as it arrives, and shows a progress bar with requests/s, tokens in/out and cache
 :meth:`ChatClient.map` is the synchronous entry point; :meth:`ChatClient.amap` the
 async one.
 
-A 4xx answer (other than 429) or a malformed body stops the batch with an
-:class:`LLMRequestError` naming the request, the status and a snippet of the body.
+A 4xx answer (other than 429), a malformed body or one larger than
+``max_response_bytes`` stops the batch with an :class:`LLMRequestError` naming the
+request, the status and a snippet of the body.  The key (in any encoding a server may
+echo it in) and the base URL's credentials are removed from every message, and the key
+from response texts before they are cached or returned.
 Responses received before the error stay cached, so a rerun resumes.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ from urllib.parse import urlsplit
 from tqdm.auto import tqdm
 
 from .cache import CachedResponse, ResponseCache, request_key
-from .config import LLMConfig, LLMError, redact
+from .config import LLMConfig, LLMError, public_url, redact, url_secrets
 
 __all__ = ["ChatClient", "ChatRequest", "ClientStats", "LLMRequestError", "run_sync"]
 
@@ -105,6 +108,29 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     except (TypeError, ValueError, IndexError):
         return None
     return min(max(when - time.time(), 0.0), _RETRY_AFTER_MAX)
+
+
+class _TooLarge(Exception):
+    def __init__(self, status: int, size: int) -> None:
+        super().__init__(status, size)
+        self.status, self.size = status, size
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
+
+
+def _decode(body: bytes, encoding: str, cap: int) -> bytes:
+    """Decompress a gzip/deflate body, at most ``cap`` bytes of output."""
+    import zlib
+
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        return body
+    d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header
+    out = d.decompress(body, cap + 1)
+    if len(out) > cap:
+        raise _TooLarge(200, len(out))
+    return out
 
 
 class ChatClient:
@@ -234,18 +260,40 @@ class ChatClient:
         return key, resp.text
 
     def _headers(self) -> dict:
-        h = {"Content-Type": "application/json"}
+        h = {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"}
         if self.config.api_key:
             h["Authorization"] = f"Bearer {self.config.api_key}"
         return h
 
+    def _redact(self, text: str) -> str:
+        for secret in [self.config.api_key, *url_secrets(self.config.base_url)]:
+            text = redact(text, secret)
+        return text
+
     def _error(self, req: ChatRequest, what: str) -> LLMRequestError:
-        return LLMRequestError(redact(f"LLM request {req.label!r} to {self.config.endpoint}: "
-                                      f"{what}", self.config.api_key))
+        return LLMRequestError(self._redact(f"LLM request {req.label!r} to "
+                                            f"{public_url(self.config.endpoint)}: {what}"))
 
     def _snippet(self, body: str) -> str:
-        body = " ".join(body.split())
+        body = self._redact(" ".join(body.split()))  # before the cut: no partial key
         return repr(body[:_SNIPPET] + ("..." if len(body) > _SNIPPET else ""))
+
+    async def _send(self, http, payload: dict):
+        """POST ``payload``; (status, headers, body bytes), the body read up to the cap."""
+        cap = self.config.max_response_bytes
+        async with http.stream("POST", self.config.endpoint, json=payload,
+                               headers=self._headers()) as r:
+            size = r.headers.get("content-length", "")
+            if size.isdigit() and int(size) > cap:
+                raise _TooLarge(r.status_code, int(size))
+            body = bytearray()
+            async for chunk in r.aiter_raw():
+                body += chunk
+                if len(body) > cap:
+                    raise _TooLarge(r.status_code, len(body))
+            if r.headers.get("content-encoding", "identity") not in ("identity", ""):
+                body = bytearray(_decode(bytes(body), r.headers["content-encoding"], cap))
+            return r.status_code, r.headers, bytes(body)
 
     async def _post(self, http, req: ChatRequest) -> CachedResponse:
         httpx = _httpx()
@@ -255,22 +303,26 @@ class ChatClient:
         while True:
             retry_after = None
             try:
-                r = await asyncio.wait_for(
-                    http.post(cfg.endpoint, json=payload, headers=self._headers()),
-                    timeout=cfg.timeout)
+                status, headers, body = await asyncio.wait_for(self._send(http, payload),
+                                                               timeout=cfg.timeout)
             except (asyncio.TimeoutError, httpx.TimeoutException):
                 reason = f"no answer within {cfg.timeout:g} s"
             except httpx.TransportError as e:
                 reason = f"connection error ({type(e).__name__}: {e})"
+            except _TooLarge as e:
+                self.stats.requests += 1
+                raise self._error(req, f"HTTP {e.status}: the response body is larger than "
+                                       f"max_response_bytes={cfg.max_response_bytes} "
+                                       f"({e.size}+ bytes)") from None
             else:
                 self.stats.requests += 1
-                if r.status_code == 429 or r.status_code >= 500:
-                    reason = f"HTTP {r.status_code}"
-                    retry_after = _retry_after(r.headers.get("retry-after"))
-                elif r.status_code >= 400:
-                    raise self._error(req, f"HTTP {r.status_code}: {self._snippet(r.text)}")
+                if status == 429 or status >= 500:
+                    reason = f"HTTP {status}"
+                    retry_after = _retry_after(headers.get("retry-after"))
+                elif status >= 400:
+                    raise self._error(req, f"HTTP {status}: {self._snippet(_text(body))}")
                 else:
-                    return self._parse(req, r)
+                    return self._parse(req, status, body)
             attempt += 1
             if attempt > cfg.max_retries:
                 raise self._error(req, f"{reason}; gave up after {attempt} attempts")
@@ -284,25 +336,30 @@ class ChatClient:
                                f"{cfg.max_retries} in {delay:.2f} s", cfg.api_key))
             await asyncio.sleep(delay)
 
-    def _parse(self, req: ChatRequest, r) -> CachedResponse:
+    def _parse(self, req: ChatRequest, status: int, body: bytes) -> CachedResponse:
+        import json
+
+        text = _text(body)
         try:
-            data = r.json()
-        except ValueError:
-            raise self._error(req, f"HTTP {r.status_code} but the body is not JSON: "
-                                   f"{self._snippet(r.text)}") from None
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            raise self._error(req, f"HTTP {status} but the body is not JSON: "
+                                   f"{self._snippet(text)}") from None
         try:
             content = data["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise self._error(req, "the response has no choices[0].message.content: "
-                                   f"{self._snippet(r.text)}") from None
+                                   f"{self._snippet(text)}") from None
         if not isinstance(content, str):
             raise self._error(req, f"choices[0].message.content is {type(content).__name__}"
-                                   f", not text: {self._snippet(r.text)}")
+                                   f", not text: {self._snippet(text)}")
         usage = data.get("usage") if isinstance(data, dict) else None
         usage = usage if isinstance(usage, dict) else {}
 
         def _int(v) -> int:
             return v if isinstance(v, int) and v >= 0 else 0
 
-        return CachedResponse(content.strip(), _int(usage.get("prompt_tokens")),
+        # a server that echoes the key into the answer must not get it into the cache
+        # or the output files
+        return CachedResponse(self._redact(content.strip()), _int(usage.get("prompt_tokens")),
                               _int(usage.get("completion_tokens")))

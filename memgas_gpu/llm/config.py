@@ -19,7 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MemgasError
 
-__all__ = ["DEFAULT_BASE_URL", "LLMConfig", "LLMError", "LLMConfigError", "redact"]
+__all__ = ["DEFAULT_BASE_URL", "LLMConfig", "LLMError", "LLMConfigError", "redact",
+           "secret_forms", "public_url", "url_secrets", "MAX_RESPONSE_BYTES"]
+
+#: default cap on one response body (a chat completion is a few kB)
+MAX_RESPONSE_BYTES = 16 << 20
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -39,11 +43,41 @@ def _strip_userinfo(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
+def secret_forms(secret: Optional[str]) -> list[str]:
+    """``secret`` as a server may echo it: raw, JSON-escaped (``\\/`` too),
+    URL-quoted, base64 and HTML-escaped; longest first."""
+    import base64
+    import html
+    import json
+    from urllib.parse import quote, quote_plus
+
+    if not secret or len(secret) < 4:
+        return []
+    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"),
+             json.dumps(secret, ensure_ascii=False)[1:-1], quote(secret, safe=""),
+             quote_plus(secret), html.escape(secret), repr(secret)[1:-1],
+             base64.b64encode(secret.encode()).decode().rstrip("=")}
+    return sorted(forms, key=len, reverse=True)
+
+
 def redact(text: str, secret: Optional[str]) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``***``."""
-    if secret and len(secret) >= 4 and secret in text:
-        text = text.replace(secret, "***")
+    """``text`` with every occurrence of ``secret``, in any of its
+    :func:`secret_forms`, replaced by ``***``."""
+    for form in secret_forms(secret):
+        if form in text:
+            text = text.replace(form, "***")
     return text
+
+
+def url_secrets(url: str) -> list[str]:
+    """The user name and password of ``url`` (``https://user:pass@host``), if any."""
+    parts = urlsplit(url)
+    return [x for x in (parts.password, parts.username) if x]
+
+
+def public_url(url: str) -> str:
+    """``url`` without its credentials (safe to print)."""
+    return _strip_userinfo(url)
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,8 @@ class LLMConfig:
             (default 1.0). A ``Retry-After`` header overrides it.
         backoff_max: longest delay between attempts (default 60).
         seed: optional ``seed`` parameter (sent only when set).
+        max_response_bytes: a larger response body stops the request with an error
+            (default 16 MiB), so a misbehaving server cannot exhaust memory.
     """
 
     model: str
@@ -78,6 +114,7 @@ class LLMConfig:
     backoff: float = 1.0
     backoff_max: float = 60.0
     seed: Optional[int] = None
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -88,8 +125,15 @@ class LLMConfig:
                                  f"{_strip_userinfo(self.base_url)!r}")
         if self.concurrency < 1:
             raise LLMConfigError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.timeout <= 0 or self.max_retries < 0 or self.max_tokens < 1:
-            raise LLMConfigError("timeout must be > 0, max_retries >= 0 and max_tokens >= 1")
+        import math
+
+        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout)) or \
+                self.timeout <= 0 or self.max_retries < 0 or self.max_tokens < 1:
+            raise LLMConfigError("timeout must be a finite number > 0, max_retries >= 0 and "
+                                 "max_tokens >= 1")
+        if self.max_response_bytes < 1:
+            raise LLMConfigError(f"max_response_bytes must be >= 1, got "
+                                 f"{self.max_response_bytes}")
 
     @classmethod
     def from_env(cls, model: Optional[str] = None, base_url: Optional[str] = None,

@@ -123,5 +123,6 @@ def write_expansion_files(ds: Dataset, source: LLMSource,
     for path, texts in zip(paths, (summaries, keywords)):
         with atomic_write(path, "w", encoding="utf-8") as f:
             for key, s in entries:
-                f.write(json.dumps({key: texts[by_key[s.key]]}, ensure_ascii=False) + "\n")
+                f.write(json.dumps({key: texts[by_key[s.key]]}, ensure_ascii=False,
+                                   allow_nan=False) + "\n")
     return paths

@@ -2,12 +2,11 @@
 
 See ``docs/index-format.md``. No pickle anywhere: tensors go to one safetensors
 file, everything else (conversation and question metadata, build configuration)
-to ``manifest.json``.  The folder is written to a temporary sibling and renamed,
-so a reader never sees half an index.
+to ``manifest.json``.  The folder layout and its atomic replacement are
+:mod:`.layout`'s; the validation of what is read, :mod:`.checks`'.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Union
@@ -15,27 +14,22 @@ from typing import Union
 import torch
 
 from ..data.model import Question
-from ..errors import MemgasError
-from .._io import atomic_dir
+from .checks import IndexFormatError, check_manifest, check_tensors
+from .layout import FORMAT_NAME, FORMAT_VERSION, read_index_dir, write_index_dir
 from .meta import ConversationMeta, GraphParams
 from .texts import TextTable
 
 __all__ = ["save_index", "load_index", "FORMAT_VERSION", "IndexFormatError"]
 
-FORMAT_NAME = "memgas_gpu.index"
-FORMAT_VERSION = 1
-
-
-class IndexFormatError(MemgasError):
-    """An index folder that this version cannot read."""
-
 
 def save_index(index, path: Union[str, os.PathLike],
                dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``index`` to the folder ``path`` (replaced atomically if it exists)."""
-    from safetensors.torch import save_file
+    """Write ``index`` to the folder ``path``; an index already there is replaced
+    atomically (readers see the old or the new one, never none; see :mod:`.layout`).
 
-    path = Path(path)
+    Raises:
+        IndexFormatError: ``path`` is a file, or a folder that is not an index.
+    """
     tensors = {
         "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
         "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
@@ -66,36 +60,31 @@ def save_index(index, path: Union[str, os.PathLike],
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
                        "is_abstention": q.is_abstention} for q in index.questions],
     }
-    with atomic_dir(path) as tmp:
-        save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
-                  str(tmp / "tensors.safetensors"), metadata={"format": FORMAT_NAME})
-        with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump(manifest, f, ensure_ascii=False, indent=1)
-    return path
+    return write_index_dir(Path(path), {k: v.contiguous().cpu() for k, v in tensors.items()},
+                           manifest)
 
 
 def load_index(path: Union[str, os.PathLike], cls=None):
-    """Read an index folder written by :func:`save_index` (as a ``cls``, default
-    :class:`~memgas_gpu.retrieve.MemoryIndex`)."""
-    from safetensors.torch import load_file
+    """Read an index folder written by :func:`save_index` (format version 1 or 2) as a
+    ``cls`` (default :class:`~memgas_gpu.retrieve.MemoryIndex`).
 
-    path = Path(path)
-    mf = path / "manifest.json"
-    if not mf.exists():
-        raise IndexFormatError(f"{path}: not an index folder (no manifest.json)")
+    Raises:
+        IndexFormatError: a corrupted, edited, incomplete or newer index (one line
+            naming the file and the field), embeddings holding NaN or inf included.
+    """
+    mf, manifest, t = read_index_dir(Path(path))
+    check_manifest(str(mf), manifest)
+    check_tensors(str(mf.with_name("tensors.safetensors")), t, manifest)
     try:
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise IndexFormatError(f"{mf}: invalid JSON ({e.msg})") from None
-    if manifest.get("format") != FORMAT_NAME:
-        raise IndexFormatError(f"{mf}: not a memgas_gpu index (format "
-                               f"{manifest.get('format')!r})")
-    version = manifest.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise IndexFormatError(
-            f"{mf}: index format version {version} is newer than this memgas_gpu reads "
-            f"({FORMAT_VERSION}); upgrade memgas_gpu (pip install -U memgas_gpu)")
-    t = load_file(str(path / "tensors.safetensors"))
+        return _make(manifest, t, cls)
+    except (KeyError, TypeError, ValueError, IndexError) as e:  # checks missed something
+        raise IndexFormatError(f"{mf}: inconsistent index ({type(e).__name__}: {e})") \
+            from None
+
+
+def _make(manifest: dict, t: dict, cls):
+    if cls is None:
+        from . import MemoryIndex as cls
     graphs = {k: (t[f"graph.{k}.indptr"], t[f"graph.{k}.indices"]) for k in manifest["graphs"]}
     convs = [ConversationMeta(c["id"], c["session_ids"], c["session_dates"])
              for c in manifest["conversations"]]
@@ -108,8 +97,6 @@ def load_index(path: Union[str, os.PathLike], cls=None):
         from ..lexical import LexicalIndex
 
         lexical = LexicalIndex.from_tensors(t, manifest["lexical"]["tokenizer"], "lexical.")
-    if cls is None:
-        from . import MemoryIndex as cls
     concat = t.get("concat", t.get("hybrid"))  # "hybrid": indexes written before 0.2
     text = (TextTable(t["turn_text.bytes"], t["turn_text.offsets"])
             if "turn_text.bytes" in t else None)

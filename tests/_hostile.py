@@ -1,0 +1,56 @@
+"""Helpers for the hostile-input tests: a small real index, CLI runs in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_dataset(locomo_list_path):
+    """conv-30 cut to its first 6 sessions and the questions answerable from them."""
+    from memgas_gpu import Dataset, load_dataset
+    from memgas_gpu.data.model import Conversation
+
+    conv = load_dataset(locomo_list_path).get("conv-30")
+    keep = conv.sessions[:6]
+    ids = {s.id for s in keep}
+    qs = [q for q in conv.questions if q.evidence_session_ids
+          and set(q.evidence_session_ids) <= ids][:12]
+    small = Conversation(conv.id, keep, qs, {k: v for k, v in conv.source_summaries.items()
+                                            if k in ids})
+    return Dataset([small], format="locomo", source=str(locomo_list_path))
+
+
+def tiny_encoder(folder: Path):
+    from memgas_gpu.encode import Encoder
+    from memgas_gpu.encode.tiny import make_random_bert
+
+    return Encoder(make_random_bert(str(folder)), device="cpu", max_length=64)
+
+
+def build_small_index(locomo_list_path, folder: Path):
+    from memgas_gpu.retrieve import MemoryIndex
+
+    return MemoryIndex.build(small_dataset(locomo_list_path), tiny_encoder(folder / "bert"),
+                             summaries="source", device="cpu", progress=False, m=4,
+                             skip_sessions=1)
+
+
+def run_cli(*args, timeout: float = 120, env=None, **kw) -> subprocess.CompletedProcess:
+    """``python -m memgas_gpu.cli ARGS`` with this worktree's code (not an installed one)."""
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "memgas_gpu.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT,
+                          **kw)
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    """Assert exit 2 with exactly one non-empty stderr line and no traceback; return it."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert len(lines) == 1, res.stderr[-2000:]
+    return lines[0]
