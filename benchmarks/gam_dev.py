@@ -85,8 +85,8 @@ def main():
 
     # --- grid for the defaults (LOO) ---------------------------------------------------
     grid = {}
-    thetas, anchors, gammas, alphas, etas = (0.45, 0.5, 0.55, 0.6), (2, 4, 8), \
-        (0.25, 0.5, 1.0), (0.5, 1.0), (0.0, 0.3)
+    thetas, anchors, gammas, alphas, etas = (0.5, 0.6, 0.7, 0.8), (4, 8, 16), \
+        (0.5, 1.0, 2.0), (0.5, 1.0, 2.0), (0.0, 0.3, 0.6)
     for th in thetas:
         base = GamParams(theta=th)
         idx = GamIndex.build(ds, enc, base, store=st, events=ev)
@@ -113,10 +113,10 @@ def main():
     idx0, _ = run("flat_dense", P, "flat_dense")
     run("flat_bm25", P, "flat_bm25", idx0)
     ftab = {al_: per_conv(idx0, idx0.retrieve(method="flat_fusion", params=P.with_(alpha=al_)))[0]
-            for al_ in (0.25, 0.5, 1.0, 2.0)}
+            for al_ in (0.5, 1.0, 2.0, 4.0)}
     fscore, fpicks = loo(ftab)
     res["loo"]["flat_fusion"] = {"heldout": fscore, "picks": fpicks}
-    for al_ in (0.25, 0.5, 1.0, 2.0):
+    for al_ in (0.5, 1.0, 2.0, 4.0):
         run(f"flat_fusion alpha={al_}", P.with_(alpha=al_), "flat_fusion", idx0)
     # --- GAM, ablations, segmentations, noise -------------------------------------------
     run("gam", P)

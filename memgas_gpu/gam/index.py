@@ -124,7 +124,8 @@ class GamIndex:
             store: optional :class:`~memgas_gpu.encode.EmbeddingStore`.
             events: a prebuilt :class:`EventTable` of ``dataset`` (to share the
                 encoding between variants).
-            judge: optional relation judge (:func:`memgas_gpu.gam.judge.llm_judge`).
+            judge: optional relation judge (:func:`memgas_gpu.gam.judge.llm_judge`)
+                instead of the GMM similarity test.
         """
         p = params or GamParams()
         ev = events if events is not None else build_events(dataset, encoder, store=store)
@@ -194,7 +195,7 @@ class GamIndex:
         conv = self.q_conv[qi]
         q = self.question_embeddings()[qi]
         _, rows, ev_valid = R.padded(torch.zeros(0), ev.conv_ptr, conv)
-        dense = _dots(q, ev.emb, rows)
+        dense = _dots(q, ev.emb, rows, ev_valid)
         _, _, ev_lex, tp_lex = self._lexical()
         bm = self._bm25(ev_lex, ev.conv, qi, ev.conv_ptr)
         turn_ids = [ev.turn_ids[int(ev.conv_ptr[c]):int(ev.conv_ptr[c + 1])]
@@ -214,7 +215,7 @@ class GamIndex:
         # topics of each question's conversation
         tconv_ptr = torch.searchsorted(tp.conv.contiguous(), torch.arange(len(ev.conv_ids) + 1))
         _, trows, tp_valid = R.padded(torch.zeros(0), tconv_ptr, conv)
-        t_dense = _dots(q, tp.raw_emb + tp.sum_emb, trows)
+        t_dense = _dots(q, tp.raw_emb + tp.sum_emb, trows, tp_valid)
         t_bm = self._bm25(tp_lex, tp.conv, qi, tconv_ptr)
         r = R.zfuse(t_dense, t_bm, tp_valid, p.alpha)
         ev_topic = tp.event_topic[rows] - tconv_ptr[conv][:, None]
@@ -269,13 +270,20 @@ class GamIndex:
         return torch.where(torch.isfinite(out) & valid, out, torch.zeros_like(out))
 
 
-def _dots(q: Tensor, emb: Tensor, rows: Tensor, chunk: int = 1 << 24) -> Tensor:
-    """``[Q, W]`` dot products of each question with ``emb[rows[q]]`` (chunked)."""
+def _dots(q: Tensor, emb: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+    """``[Q, W]`` dot products of each question with ``emb[rows[q]]``: one matrix
+    product per conversation (questions sharing a block share its rows)."""
     Q, W = rows.shape
     out = torch.zeros(Q, W)
-    step = max(1, chunk // max(1, W * emb.shape[1]))
-    for s in range(0, Q, step):
-        out[s:s + step] = torch.bmm(emb[rows[s:s + step]], q[s:s + step, :, None])[..., 0]
+    if Q == 0 or W == 0:
+        return out
+    first = rows[:, 0]
+    n = valid.sum(1)
+    block = first * (W + 1) + n
+    for b in block.unique().tolist():
+        sel = torch.nonzero(block == b).flatten()
+        f, k = int(first[sel[0]]), int(n[sel[0]])
+        out[sel, :k] = q[sel] @ emb[f:f + k].T
     return out
 
 
@@ -302,7 +310,8 @@ def consolidate(ev: EventTable, starts: Tensor, encoder: Any, p: GamParams, *,
     sims, index, valid = candidate_rows(key, conv, torch.arange(T), p.tan_m)
     src, dst, conf, rel = accept_links(sims, index, valid, torch.arange(T),
                                        candidates=p.tan_candidates, conf_min=p.conf_min,
-                                       min_earlier=p.min_earlier, judge=judge)
+                                       min_earlier=p.min_earlier, judge=judge,
+                                       texts=summaries)
     order = torch.argsort(src * max(T, 1) + dst)  # canonical edge order: (src, dst)
     src, dst, conf, rel = src[order], dst[order], conf[order], [rel[i] for i in order.tolist()]
     t4 = time.perf_counter()

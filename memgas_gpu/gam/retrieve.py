@@ -128,7 +128,8 @@ def rank_events(e: Tensor, ev_valid: Tensor, ev_topic: Tensor, r: Tensor, tp_val
         W = e.shape[1]
         pos = torch.arange(W, dtype=torch.float32)[None, :].expand(Q, W)
         s = (r_ev + log_conf * t_conf) * 1e3 - pos * 1e-3
-    big = 1e6
+    big = 1e6  # candidates first; float64 keeps the scores exact beside the offset
+    s = s.double()
     s = torch.where(cand, s + big, s)
     s = s.masked_fill(~ev_valid, -math.inf)
     ranking = torch.sort(s, dim=1, descending=True, stable=True).indices

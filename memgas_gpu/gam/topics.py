@@ -164,13 +164,15 @@ def high_posterior(sims: Tensor, valid: Tensor, accept: Tensor) -> Tensor:
 
 def accept_links(sims: Tensor, index: Tensor, valid: Tensor, rows: Tensor, *,
                  candidates: int = 5, conf_min: float = 0.5, min_earlier: int = 3,
-                 judge: Optional[Callable] = None
+                 judge: Optional[Callable] = None, texts: Optional[Sequence[str]] = None
                  ) -> tuple[Tensor, Tensor, Tensor, list[str]]:
     """TAN edges of ``rows`` from their candidate rows (:func:`candidate_rows`).
 
     Args:
         judge: optional ``judge(pairs) -> [(relation, confidence)]`` for ``pairs`` of
-            ``(new_topic, earlier_topic)`` (the LLM path); default: the GMM test.
+            ``(new topic text, earlier topic text)`` from ``texts`` (indexed like
+            ``rows``/``index``): the LLM path (:mod:`memgas_gpu.gam.judge`); default: the
+            GMM test.
         candidates: how many of the best candidates may be linked (5 in the paper).
         conf_min: confidence threshold of an edge.
         min_earlier: rows with fewer earlier topics get no edges (the GMM needs a few
@@ -190,7 +192,8 @@ def accept_links(sims: Tensor, index: Tensor, valid: Tensor, rows: Tensor, *,
         r, c = torch.nonzero(keep, as_tuple=True)
         return rows[r], index[r, c], conf[r, c], ["semantic"] * r.numel()
     r, c = torch.nonzero(top, as_tuple=True)
-    verdicts = judge(list(zip(rows[r].tolist(), index[r, c].tolist())))
+    verdicts = judge([(texts[a], texts[b])
+                      for a, b in zip(rows[r].tolist(), index[r, c].tolist())])
     rel = [v[0] for v in verdicts]
     conf = torch.tensor([float(v[1]) for v in verdicts], dtype=torch.float32)
     keep = torch.tensor([x != "unrelated" for x in rel], dtype=torch.bool) & (conf >= conf_min)

@@ -158,13 +158,11 @@ class GamWriter:
         K = torch.stack(keys)
         sims, index, valid = candidate_rows(K, torch.zeros(len(keys), dtype=torch.long),
                                             torch.tensor([local]), self.p.tan_m)
-        judge = None
-        if self.judge is not None:
-            judge = lambda pairs: self.judge([(s + first, d + first) for s, d in pairs])  # noqa
         src, dst, conf, rel = accept_links(sims, index, valid, torch.tensor([local]),
                                            candidates=self.p.tan_candidates,
                                            conf_min=self.p.conf_min,
-                                           min_earlier=self.p.min_earlier, judge=judge)
+                                           min_earlier=self.p.min_earlier, judge=self.judge,
+                                           texts=self.summaries[first:])
         for s, d, f, r in zip(src.tolist(), dst.tolist(), conf.tolist(), rel):
             self.edges.append((s + first, d + first, f, r))
         return k
