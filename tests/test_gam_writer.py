@@ -70,3 +70,40 @@ def test_writer_rejects_a_session_that_comes_back():
     with pytest.raises(ValueError, match="already closed"):
         w.add("d", "s1", "[a]: x", e, 3)
         w.add("c", "s3", "[a]: x", e, 3)
+
+
+# --- the LLM relation judge, against the local fake server ----------------------------
+def test_llm_judge_types_relations_and_is_cached(tmp_path):
+    from _openai_server import FakeOpenAI
+    from memgas_gpu.data.model import Session, first_lengths, pair_messages
+    from memgas_gpu.gam.judge import llm_judge, parse_relation
+    from memgas_gpu.llm import ChatClient, LLMConfig
+
+    topics = [["[a]: we visited Paris in spring", "[b]: Paris was lovely"],
+              ["[a]: my cat is sick", "[b]: poor cat"],
+              ["[a]: the garden needs water", "[b]: water it today"],
+              ["[a]: back to Paris next year", "[b]: Paris again sounds fun"]]
+    sess = [Session(f"s{i}", "", pair_messages(m), first_lengths(m)) for i, m in enumerate(topics)]
+    ds = Dataset([Conversation("c", sess, [])])
+    p = GamParams(segmentation="session", summaries="raw", min_earlier=2)
+    with FakeOpenAI() as srv:
+        cfg = LLMConfig(model="fake", base_url=srv.base_url, api_key="sk-test", backoff=0.001)
+        client = ChatClient(cfg, cache=str(tmp_path / "llm.sqlite"), progress=False)
+        idx = GamIndex.build(ds, FakeEncoder(), p, judge=llm_judge(client))
+        # topics with >= 2 earlier topics are judged against each: 2 + 3 requests
+        assert srv.requests == 2 + 3
+        edges = list(zip(idx.topics.src.tolist(), idx.topics.dst.tolist(),
+                         idx.topics.relation, idx.topics.conf.tolist()))
+        assert edges == [(3, 0, "coreference", pytest.approx(0.9))]
+        # the online writer asks the same questions: all answered from the cache
+        w = GamWriter(FakeEncoder().encode, p, judge=llm_judge(client))
+        for s in sess:
+            for m in s.messages:
+                w.add("c", s.id, m, FakeEncoder().encode([m])[0], 5)
+        w.flush()
+        assert srv.requests == 5
+        assert list(zip(w.index(ds).topics.src.tolist(), w.index(ds).topics.relation)) == \
+            [(3, "coreference")]
+    assert parse_relation('sure: {"relation": "causal", "confidence": 1.7}') == ("causal", 1.0)
+    assert parse_relation("no json") == ("unrelated", 0.0)
+    assert parse_relation('{"relation": "friendship", "confidence": 0.9}') == ("unrelated", 0.0)
