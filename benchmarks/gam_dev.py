@@ -85,8 +85,8 @@ def main():
 
     # --- grid for the defaults (LOO) ---------------------------------------------------
     grid = {}
-    thetas, anchors, gammas, alphas, etas = (0.5, 0.6, 0.7, 0.8), (4, 8, 16), \
-        (0.5, 1.0, 2.0), (0.5, 1.0, 2.0), (0.0, 0.3, 0.6)
+    thetas, anchors, gammas, alphas, etas = (0.5, 0.6, 0.7, 0.8), (8, 16, 32, 1000), \
+        (1.0, 2.0, 4.0), (0.5, 1.0, 2.0), (0.0, 0.3, 0.6, 1.0)
     for th in thetas:
         base = GamParams(theta=th)
         idx = GamIndex.build(ds, enc, base, store=st, events=ev)
@@ -120,6 +120,9 @@ def main():
         run(f"flat_fusion alpha={al_}", P.with_(alpha=al_), "flat_fusion", idx0)
     # --- GAM, ablations, segmentations, noise -------------------------------------------
     run("gam", P)
+    run("gam anchors=all (no drill-down cut)", P.with_(anchors=1000))
+    run("gam gamma=0 (no topic prior)", P.with_(gamma=0.0))
+    run("gam eta=0 (no EPG neighbour term)", P.with_(eta=0.0))
     for name in ("gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr"):
         run(name, preset(name, P))
     for seg in ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event"):

@@ -297,7 +297,7 @@ def consolidate(ev: EventTable, starts: Tensor, encoder: Any, p: GamParams, *,
     counts = event_ptr[1:] - event_ptr[:-1]
     event_topic = torch.repeat_interleave(torch.arange(T), counts)
     conv = ev.conv[s_idx] if T else torch.zeros(0, dtype=torch.long)
-    raw = raw_embeddings(ev.emb, event_topic, T)
+    raw = raw_embeddings(ev.emb, event_ptr)
     ptr = event_ptr.tolist()
     raw_texts = ["\n".join(ev.texts[ptr[k]:ptr[k + 1]]) for k in range(T)]
     t1 = time.perf_counter()

@@ -69,10 +69,18 @@ class Topics:
         return torch.repeat_interleave(torch.arange(counts.numel()), counts)
 
 
-def raw_embeddings(emb: Tensor, event_topic: Tensor, n_topics: int) -> Tensor:
-    """c_raw embeddings: normalised sum of each topic's event embeddings (``index_add_``
-    adds the events in order: the online writer gets the same bits)."""
-    acc = torch.zeros(n_topics, emb.shape[1], dtype=emb.dtype).index_add_(0, event_topic, emb)
+def raw_embeddings(emb: Tensor, event_ptr: Tensor) -> Tensor:
+    """c_raw embeddings: normalised sum of each topic's event embeddings.
+
+    The events are added in order, one position of every topic at a time (a loop over
+    the longest topic's length, not per event), so the online writer, calling this with
+    one topic, gets the same bits."""
+    start = event_ptr[:-1]
+    n = event_ptr[1:] - start
+    acc = torch.zeros(n.numel(), emb.shape[1], dtype=emb.dtype)
+    for pos in range(int(n.max()) if n.numel() else 0):
+        live = torch.nonzero(n > pos).flatten()
+        acc[live] = acc[live] + emb[start[live] + pos]
     return torch.nn.functional.normalize(acc, dim=-1)
 
 
@@ -97,7 +105,7 @@ def summarize(raw_texts: Sequence[str], source: Any = "offline",
         from ..expand.offline import OfflineExtractor
 
         ex = OfflineExtractor()
-        return [ex.expand([t])[0][0] if t else "" for t in raw_texts]
+        return [ex.summaries([t])[0] if t else "" for t in raw_texts]
     from ..data.model import Conversation, Session
     from ..expand.sources import resolve_source
 

@@ -12,6 +12,7 @@ dataset's stream gives the memory :meth:`GamIndex.build` gives (tests/test_gam_w
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,6 +25,22 @@ from .index import GamIndex, GamParams
 from .topics import Topics, accept_links, candidate_rows, raw_embeddings, summarize, topic_keys
 
 __all__ = ["GamWriter"]
+
+
+@contextmanager
+def _one_thread():
+    """Run one write on one thread: its tensors are a few rows, and waking an intra-op
+    thread team costs more than the work (on a loaded machine, 100+ ms for one
+    ``index_add_`` or one GMM row; docs/gam.md)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class GamWriter:
@@ -89,11 +106,12 @@ class GamWriter:
                              "after another session")
         x = torch.nn.functional.normalize(emb.float().reshape(1, -1), dim=-1)[0]
         i = len(self.texts)
-        boundary = new_session or self._boundary(x, int(tokens), i)
         made = None
-        if boundary:
-            made = self._consolidate(i)
-            self._buf_start, self._buf_tokens = i, 0
+        with _one_thread():
+            boundary = new_session or self._boundary(x, int(tokens), i)
+            if boundary:
+                made = self._consolidate(i)
+                self._buf_start, self._buf_tokens = i, 0
         if new_session:
             self._recent, self._pos_in_session = [], 0
         self.texts.append(text)
@@ -132,7 +150,8 @@ class GamWriter:
 
     def flush(self) -> Optional[int]:
         """Consolidate what is buffered (end of the stream); returns the topic id."""
-        made = self._consolidate(len(self.texts))
+        with _one_thread():
+            made = self._consolidate(len(self.texts))
         self._buf_start, self._buf_tokens = len(self.texts), 0
         return made
 
@@ -144,8 +163,7 @@ class GamWriter:
         c = self.conv_of[a]
         self.event_ptr.append(a)
         self.t_conv.append(c)
-        raw = raw_embeddings(torch.stack(self.emb[a:end]), torch.zeros(end - a, dtype=torch.long),
-                             1)[0]
+        raw = raw_embeddings(torch.stack(self.emb[a:end]), torch.tensor([0, end - a]))[0]
         summary = summarize(["\n".join(self.texts[a:end])], self.p.summaries)[0]
         s_emb = torch.nn.functional.normalize(self.encode([summary]).float(), dim=-1)[0]
         self.raw.append(raw)
