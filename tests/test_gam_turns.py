@@ -47,12 +47,13 @@ def test_locomo_evidence_turns(locomo_list_path, tmp_path):
         "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"},
                       {"speaker": "B", "dia_id": "D1:2", "text": "yo"}],
         "session_2": [{"speaker": "A", "dia_id": "D2:1", "text": "again"}]},
-        "qa": [{"question": "q", "answer": "a", "evidence": ["D1:2; D2:1"]}]}
+        "qa": [{"question": "q", "answer": "a", "evidence": ["D1:2; D2:1", "D2:7"]}]}
     p = tmp_path / "l.json"
     p.write_text(json.dumps([rec]))
     q = mg.load_dataset(p)[0].questions[0]
-    assert q.evidence_turn_ids == ("session_1:1", "session_2:0")
-    assert q.evidence_session_ids == ()
+    # D2:7 names no message: position 7 - 1 (it can never be recalled)
+    assert q.evidence_turn_ids == ("session_1:1", "session_2:0", "session_2:6")
+    assert q.evidence_session_ids == ("session_2",)
 
 
 def test_longmemeval_has_answer_turns(lme_sample_path):
