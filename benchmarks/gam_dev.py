@@ -18,9 +18,8 @@ import torch
 
 import memgas_gpu as mg
 from memgas_gpu.encode import EmbeddingStore, Encoder
-from memgas_gpu.eval.turns import evaluate_turns, session_turn_rankings, turn_metrics
+from memgas_gpu.eval.turns import evaluate_turns, turn_metrics
 from memgas_gpu.gam import GamIndex, GamParams, build_events, preset
-from memgas_gpu.gam.retrieve import padded
 
 KEY = "recall_all@10"
 
@@ -66,15 +65,10 @@ def main():
     st = EmbeddingStore(a.store, enc.fingerprint)
     ev = build_events(ds, enc, store=st)
     res = {"rows": {}, "loo": {}}
-    q_emb = None
 
     def run(name, params, method="gam", idx=None):
-        nonlocal q_emb
         idx = idx or GamIndex.build(ds, enc, params, store=st, events=ev)
-        if q_emb is not None:
-            idx._q_emb = q_emb
-        tr = idx.retrieve(method=method, params=params)
-        q_emb = idx._q_emb
+        tr = idx.retrieve(method=method, params=params)  # questions: from the store
         pc, m = per_conv(idx, tr)
         res["rows"][name] = {"metrics": m, "per_conv": pc, "topics": len(idx.topics),
                              "edges": int(idx.topics.src.numel())}
@@ -90,12 +84,9 @@ def main():
     for th in thetas:
         base = GamParams(theta=th)
         idx = GamIndex.build(ds, enc, base, store=st, events=ev)
-        if q_emb is not None:
-            idx._q_emb = q_emb
         for an, ga, al, et in itertools.product(anchors, gammas, alphas, etas):
             p = base.with_(anchors=an, gamma=ga, alpha=al, eta=et)
             tr = idx.retrieve(params=p)
-            q_emb = idx._q_emb
             grid[(th, an, ga, al, et)] = per_conv(idx, tr)[0]
         print("grid theta", th, "done", flush=True)
     score, picks = loo(grid)
@@ -142,17 +133,10 @@ def main():
                                device="cpu", progress=False)
         print("memory index", round(time.time() - t, 1), "s", flush=True)
         assert [q.id for q in mi.questions] == [q.id for q in idx0.questions]
-        fus = idx0.retrieve(method="flat_fusion", params=P)
-        conv = idx0.q_conv
-        sess, _, valid = padded(idx0.events.session, idx0.events.conv_ptr, conv)
-        msess = torch.where(valid, sess, torch.full_like(sess, -1))
         for method in ("memgas", "memgas_hybrid", "bm25", "turn", "session"):
-            r = mi.retrieve(method=method)
-            rk = session_turn_rankings(r.rankings, msess[r.question_index],
-                                       fus.scores[r.question_index])
-            gold = [idx0.questions[i].evidence_turn_ids for i in r.question_index.tolist()]
-            tids = [fus.turn_ids[i] for i in r.question_index.tolist()]
-            m = evaluate_turns(rk, tids, gold)
+            tr = idx0.session_turns(mi.retrieve(method=method), params=P)
+            gold = [idx0.questions[i].evidence_turn_ids for i in tr.question_index.tolist()]
+            m = evaluate_turns(tr.rankings, tr.turn_ids, gold)
             res["rows"][f"memgas-family {method}"] = {"metrics": m}
             print(f"memgas-family {method:20s} " +
                   " ".join(f"{k}={m[k]:.4f}" for k in m if "ndcg" not in k and k != "n"),

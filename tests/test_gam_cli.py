@@ -52,5 +52,8 @@ def test_gam_command(tmp_path):
     assert got["results"]["gam"]["topics"] == 2 + 1  # turns3: 2 topics in session 1 (3 + 1), 1 in 2
     # BM25 finds both evidence utterances at rank 1 (rare shared words)
     assert got["results"]["flat_bm25"]["metrics"]["turn"]["recall_all@5"] == 1.0
+
+
+def test_bad_segmentation_is_a_usage_error(tmp_path):
     bad = CliRunner().invoke(cli, ["gam", str(_data(tmp_path)), "--segmentation", "windows"])
     assert bad.exit_code == 2 and "unknown segmentation" in bad.output

@@ -102,3 +102,33 @@ def test_conversation_turn_ids(locomo_list_path):
     assert len(ids) == sum(len(s.messages) for s in c.sessions)
     assert all(t in ids for q in c.questions for t in q.evidence_turn_ids
                if t.split(":")[0] in {s.id for s in c.sessions})
+
+
+def test_session_turns_of_a_session_retrieval():
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from memgas_gpu.data.model import Conversation, Dataset, Question
+    from memgas_gpu.gam import GamIndex, GamParams
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _gam_fake import FakeEncoder
+
+    m0 = ["[a]: apples and pears", "[b]: pears are sweet", "[a]: rain today"]
+    m1 = ["[a]: pears in the market", "[b]: cheap pears and apples"]
+    ds = Dataset([Conversation("c", [Session("s0", "", pair_messages(m0), first_lengths(m0)),
+                                     Session("s1", "", pair_messages(m1), first_lengths(m1))],
+                               [Question("q", "apples and pears", evidence_turn_ids=("s1:1",))])])
+    idx = GamIndex.build(ds, FakeEncoder(), GamParams(segmentation="session"))
+    r = SimpleNamespace(method="memgas", question_index=torch.tensor([0]),
+                        rankings=torch.tensor([[1, 0]]))
+    tr = idx.session_turns(r)
+    own = idx.retrieve(method="flat_fusion").scores[0]
+    first = sorted([3, 4], key=lambda i: -float(own[i]))
+    rest = sorted([0, 1, 2], key=lambda i: -float(own[i]))
+    assert tr.rankings[0].tolist() == first + rest
+    assert tr.method == "memgas+turns" and tr.turn_ids[0][3] == "s1:0"
+    with pytest.raises(ValueError, match="another dataset"):
+        idx.session_turns(SimpleNamespace(method="x", question_index=torch.tensor([5]),
+                                          rankings=torch.tensor([[0, 1]])))

@@ -240,6 +240,29 @@ class GamIndex:
                               time_bonus=time_b, role_bonus=role_b, log_conf=log_conf)
         return TurnRetrieval("gam", qi, s, rk, n_events, turn_ids)
 
+    def session_turns(self, retrieval: Any, method: str = "flat_fusion",
+                      params: Optional[GamParams] = None) -> TurnRetrieval:
+        """Turn ranking of a session-ranking method (the MemGAS family).
+
+        ``retrieval`` is a :class:`~memgas_gpu.retrieve.Retrieval` of a ``MemoryIndex``
+        built from the same dataset (its ``question_index`` indexes the same questions
+        in the same order). Rule (:func:`~memgas_gpu.eval.turns.session_turn_rankings`):
+        the messages of the sessions in rank order, within a session by the message's
+        own score under ``method`` (a flat baseline: dense + BM25 fusion by default).
+        """
+        from ..eval.turns import session_turn_rankings
+
+        qi = torch.as_tensor(retrieval.question_index, dtype=torch.long)
+        if qi.numel() and int(qi.max()) >= len(self.questions):
+            raise ValueError(f"retrieval has question {int(qi.max())}, this GAM index "
+                             f"only {len(self.questions)} (another dataset?)")
+        flat = self.retrieve(qi.tolist(), method=method, params=params)
+        sess, _, valid = R.padded(self.events.session, self.events.conv_ptr, self.q_conv[qi])
+        msess = torch.where(valid, sess, torch.full_like(sess, -1))
+        rk = session_turn_rankings(retrieval.rankings, msess, flat.scores)
+        return TurnRetrieval(f"{retrieval.method}+turns", qi, flat.scores, rk, flat.n_events,
+                             flat.turn_ids)
+
     def _adjacency(self, qconv: Tensor, Tw: int, first: Tensor) -> Tensor:
         """``[Q, Tw, Tw]`` symmetric TAN edge confidences of each question's topics."""
         tp = self.topics
