@@ -59,6 +59,10 @@ def main():
     ap.add_argument("--store", default="/tmp/gam_i15_store")
     ap.add_argument("--out", default="/tmp/gam_dev.json")
     ap.add_argument("--no-memgas", action="store_true")
+    ap.add_argument("--anchors-only", action="store_true",
+                    help="only the anchors x TAN table at the defaults")
+    ap.add_argument("--rows-only", action="store_true",
+                    help="skip the LOO grid: every row at the GamParams defaults")
     a = ap.parse_args()
     ds = mg.load_dataset(a.data)
     enc = Encoder(device="cpu")
@@ -77,7 +81,18 @@ def main():
               flush=True)
         return idx, pc
 
+    if a.anchors_only:
+        idx = GamIndex.build(ds, enc, GamParams(), store=st, events=ev)
+        for an in (1, 2, 4, 8, 16, 1000):
+            for tan in (True, False):
+                run(f"anchors={an} tan={tan}", GamParams(anchors=an, tan=tan), idx=idx)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        return
     # --- grid for the defaults (LOO) ---------------------------------------------------
+    if a.rows_only:
+        rows(a, ds, enc, st, ev, res, run, GamParams())
+        return
     grid = {}
     thetas, anchors, gammas, alphas, etas = (0.5, 0.6, 0.7, 0.8), (8, 16, 32, 1000), \
         (1.0, 2.0, 4.0), (0.5, 1.0, 2.0), (0.0, 0.3, 0.6, 1.0)
@@ -98,7 +113,12 @@ def main():
                          "all_dev_best": list(best), "all_dev_best_score": full[best]}
     print("GAM LOO held-out", round(score, 4), picks, "best on all dev", best, full[best])
     th, an, ga, al, et = best
-    P = GamParams(theta=th, anchors=an, gamma=ga, alpha=al, eta=et)
+    rows(a, ds, enc, st, ev, res, run, GamParams(theta=th, anchors=an, gamma=ga, alpha=al,
+                                                  eta=et))
+
+
+def rows(a, ds, enc, st, ev, res, run, P):
+    """Every table row at the settings ``P``."""
 
     # --- flat baselines (fusion alpha by LOO) --------------------------------------------
     idx0, _ = run("flat_dense", P, "flat_dense")

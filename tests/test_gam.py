@@ -181,3 +181,12 @@ def test_role_and_time_factors():
     # the time anchor ("yesterday") is favoured for a temporal question
     assert float(with_f.scores[1, 2] - without.scores[1, 2]) > \
         float(with_f.scores[1, 3] - without.scores[1, 3])
+
+
+def test_offline_summaries_only_equal_expand(locomo_list_path):
+    import memgas_gpu as mg
+    from memgas_gpu.expand.offline import OfflineExtractor
+
+    texts = [s.text for s in mg.load_dataset(locomo_list_path)[1].sessions]
+    ex = OfflineExtractor()
+    assert ex.summaries(texts) == ex.expand(texts)[0]

@@ -48,7 +48,7 @@ class GamParams:
 
     segmentation: str = "semantic"
     window: int = 3
-    theta: float = 0.8
+    theta: float = 0.6
     min_events: int = 4
     max_tokens: int = 2048
     noise: float = 0.0
@@ -60,9 +60,9 @@ class GamParams:
     conf_min: float = 0.5
     min_earlier: int = 3
     alpha: float = 1.0
-    anchors: int = 3
-    gamma: float = 0.5
-    eta: float = 0.0
+    anchors: int = 8
+    gamma: float = 2.0
+    eta: float = 0.6
     beta_time: float = 1.4
     beta_role: float = 1.4
     beta_conf: float = 1.2

@@ -77,10 +77,14 @@ def raw_embeddings(emb: Tensor, event_ptr: Tensor) -> Tensor:
     one topic, gets the same bits."""
     start = event_ptr[:-1]
     n = event_ptr[1:] - start
-    acc = torch.zeros(n.numel(), emb.shape[1], dtype=emb.dtype)
-    for pos in range(int(n.max()) if n.numel() else 0):
-        live = torch.nonzero(n > pos).flatten()
-        acc[live] = acc[live] + emb[start[live] + pos]
+    T, L = n.numel(), int(n.max()) if n.numel() else 0
+    pos = torch.arange(L)
+    live = pos[None, :] < n[:, None]
+    rows = torch.where(live, start[:, None] + pos[None, :], torch.zeros_like(live, dtype=torch.long))
+    X = emb[rows] * live[..., None].to(emb.dtype)  # [T, L, d], zeros past each topic's end
+    acc = torch.zeros(T, emb.shape[1], dtype=emb.dtype)
+    for p in range(L):  # x + 0.0 == x: the padding never changes a sum
+        acc += X[:, p]
     return torch.nn.functional.normalize(acc, dim=-1)
 
 
