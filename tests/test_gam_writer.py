@@ -9,7 +9,7 @@ import torch
 
 import memgas_gpu as mg
 from memgas_gpu.data.model import Conversation, Dataset
-from memgas_gpu.gam import GamIndex, GamParams, GamWriter, build_events
+from memgas_gpu.gam import GamIndex, GamParams, GamWriter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _gam_fake import FakeEncoder  # noqa: E402

@@ -139,7 +139,7 @@ def bench_gam(dataset, encoder: Any, params: Optional[GamParams] = None, *, stor
                  "topics": len(idx.topics), "conversations": len(dataset)})
     stream = [(ev.conv_ids[int(c)], tid.rsplit(":", 1)[0], ev.texts[i], ev.emb[i],
                int(ev.tokens[i])) for i, (c, tid) in enumerate(zip(ev.conv, ev.turn_ids))]
-    ns, t_all = [], time.perf_counter()
+    ns = []
     w = GamWriter(enc.encode, p)
     for item in stream:
         t = time.perf_counter_ns()

@@ -90,7 +90,6 @@ def session_turn_rankings(session_rankings: Tensor, message_session: Tensor,
         by score, ties by position; unranked sessions' messages last; ``-1`` padding.
     """
     Q, N = session_rankings.shape
-    W = message_session.shape[1]
     rank_of = torch.full((Q, max(N, 1) + 1), N + 1, dtype=torch.long)
     pos = torch.arange(N).expand(Q, N)
     ok = session_rankings >= 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional
 
 import numpy as np
 import torch
@@ -159,8 +158,6 @@ def add_boundary_noise(starts: Tensor, session_start: Tensor, p: float,
     rng = np.random.default_rng(seed)
     out = starts.numpy().copy()
     ss = session_start.numpy()
-    E = out.shape[0]
-    idx = np.arange(E)
     sess = np.cumsum(ss) - 1
     movable = np.flatnonzero(out & ~ss)
     pick = movable[rng.random(movable.shape[0]) < p]

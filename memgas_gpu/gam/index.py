@@ -317,8 +317,6 @@ def consolidate(ev: EventTable, starts: Tensor, encoder: Any, p: GamParams, *,
     s_idx = torch.nonzero(starts).flatten()
     event_ptr = torch.cat([s_idx, torch.tensor([len(ev)])])
     T = s_idx.numel()
-    counts = event_ptr[1:] - event_ptr[:-1]
-    event_topic = torch.repeat_interleave(torch.arange(T), counts)
     conv = ev.conv[s_idx] if T else torch.zeros(0, dtype=torch.long)
     raw = raw_embeddings(ev.emb, event_ptr)
     ptr = event_ptr.tolist()
