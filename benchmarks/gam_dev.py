@@ -61,6 +61,9 @@ def main():
     ap.add_argument("--no-memgas", action="store_true")
     ap.add_argument("--anchors-only", action="store_true",
                     help="only the anchors x TAN table at the defaults")
+    ap.add_argument("--segmentation-loo", action="store_true",
+                    help="each segmentation with its own read settings (LOO), and paired "
+                         "wins/losses against semantic at the defaults")
     ap.add_argument("--rows-only", action="store_true",
                     help="skip the LOO grid: every row at the GamParams defaults")
     a = ap.parse_args()
@@ -86,6 +89,11 @@ def main():
         for an in (1, 2, 4, 8, 16, 1000):
             for tan in (True, False):
                 run(f"anchors={an} tan={tan}", GamParams(anchors=an, tan=tan), idx=idx)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        return
+    if a.segmentation_loo:
+        segmentation_loo(ds, enc, st, ev, res)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
         return
@@ -115,6 +123,33 @@ def main():
     th, an, ga, al, et = best
     rows(a, ds, enc, st, ev, res, run, GamParams(theta=th, anchors=an, gamma=ga, alpha=al,
                                                   eta=et))
+
+
+def segmentation_loo(ds, enc, st, ev, res):
+    """Per segmentation: LOO over the read settings; paired per-question comparison with
+    semantic at the defaults."""
+    base_vec = None
+    for seg in ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event"):
+        P = GamParams(segmentation=seg)
+        idx = GamIndex.build(ds, enc, P, store=st, events=ev)
+        tab = {}
+        for an, ga, et in itertools.product((4, 8, 16, 1000), (1.0, 2.0, 4.0), (0.0, 0.6)):
+            tab[(an, ga, et)] = per_conv(idx, idx.retrieve(params=P.with_(anchors=an, gamma=ga,
+                                                                          eta=et)))[0]
+        score, picks = loo(tab)
+        tr = idx.retrieve(params=P)
+        gold = [idx.questions[i].evidence_turn_ids for i in tr.question_index.tolist()]
+        vec = turn_metrics(tr.rankings, tr.turn_ids, gold)[KEY]
+        if base_vec is None:
+            base_vec = vec
+        ok = ~torch.isnan(vec)
+        wins = int((vec[ok] > base_vec[ok]).sum())
+        losses = int((vec[ok] < base_vec[ok]).sum())
+        res["rows"][f"segmentation={seg} LOO"] = {"heldout": score, "picks": picks,
+                                                  "wins_vs_semantic": wins,
+                                                  "losses_vs_semantic": losses}
+        print(f"{seg:10s} LOO held-out {score:.4f} picks {picks} vs semantic at defaults: "
+              f"{wins} better, {losses} worse", flush=True)
 
 
 def rows(a, ds, enc, st, ev, res, run, P):
