@@ -190,3 +190,20 @@ def test_offline_summaries_only_equal_expand(locomo_list_path):
     texts = [s.text for s in mg.load_dataset(locomo_list_path)[1].sessions]
     ex = OfflineExtractor()
     assert ex.summaries(texts) == ex.expand(texts)[0]
+
+
+def test_question_edges_and_neighbour_max_by_hand():
+    from memgas_gpu.gam.retrieve import neighbour_max, question_edges
+
+    # edges of conversation 0: (0,1), (1,2); of conversation 2: (0,1); none in 1
+    edge_conv = torch.tensor([0, 0, 2])
+    qrow, edge = question_edges(torch.tensor([2, 0, 1, 0]), edge_conv, 3)
+    assert list(zip(qrow.tolist(), edge.tolist())) == [(0, 2), (1, 0), (1, 1), (3, 0), (3, 1)]
+    a = torch.tensor([0, 1, 0])[edge]
+    b = torch.tensor([1, 2, 1])[edge]
+    v = torch.tensor([[5.0, 1.0, 0.0], [1.0, 2.0, 3.0], [9.0, 9.0, 9.0], [0.0, 0.0, 7.0]])
+    m = neighbour_max(v, qrow, a, b)
+    assert m[1].tolist() == [2.0, 3.0, 2.0]  # path 0-1-2
+    assert m[0].tolist() == [1.0, 5.0, -math.inf]
+    assert m[2].tolist() == [-math.inf] * 3  # conversation 1 has no edges
+    assert m[3].tolist() == [0.0, 7.0, 0.0]

@@ -220,8 +220,18 @@ class GamIndex:
         r = R.zfuse(t_dense, t_bm, tp_valid, p.alpha)
         ev_topic = tp.event_topic[rows] - tconv_ptr[conv][:, None]
         ev_topic = torch.where(ev_valid, ev_topic, torch.full_like(ev_topic, -1))
-        adj = self._adjacency(conv, trows.shape[1], tconv_ptr[conv])
-        epg_max = self._epg_max(e, rows, ev_valid, ev.conv_ptr[conv]) if p.eta else None
+        C = len(ev.conv_ids)
+        qrow, edge = R.question_edges(conv, tp.conv[tp.src], C)
+        first = tconv_ptr[conv][qrow]
+        tan_edges = (qrow, tp.src[edge] - first, tp.dst[edge] - first, tp.conf[edge])
+        epg_max = None
+        if p.eta:
+            src, dst = epg_links(ev.emb, tp.event_topic, self.params.epg_window)
+            qrow_e, edge_e = R.question_edges(conv, ev.conv[src], len(ev.conv_ids))
+            f = ev.conv_ptr[conv][qrow_e]
+            m = R.neighbour_max(e.masked_fill(~ev_valid, -math.inf), qrow_e,
+                                src[edge_e] - f, dst[edge_e] - f)
+            epg_max = torch.where(torch.isfinite(m) & ev_valid, m, torch.zeros_like(m))
         zero = torch.zeros_like(e)
         time_b, role_b, log_conf = zero, zero, 0.0
         if p.mfr:
@@ -235,7 +245,7 @@ class GamIndex:
             role_b = (torch.gather(named, 1, ev.speaker[rows]) & ev_valid).float() * \
                 math.log(p.beta_role)
             log_conf = math.log(p.beta_conf)
-        s, rk = R.rank_events(e, ev_valid, ev_topic, r, tp_valid, adj, anchors=p.anchors,
+        s, rk = R.rank_events(e, ev_valid, ev_topic, r, tp_valid, tan_edges, anchors=p.anchors,
                               tan=p.tan, epg=p.epg, gamma=p.gamma, eta=p.eta, epg_max=epg_max,
                               time_bonus=time_b, role_bonus=role_b, log_conf=log_conf)
         return TurnRetrieval("gam", qi, s, rk, n_events, turn_ids)
@@ -262,35 +272,6 @@ class GamIndex:
         rk = session_turn_rankings(retrieval.rankings, msess, flat.scores)
         return TurnRetrieval(f"{retrieval.method}+turns", qi, flat.scores, rk, flat.n_events,
                              flat.turn_ids)
-
-    def _adjacency(self, qconv: Tensor, Tw: int, first: Tensor) -> Tensor:
-        """``[Q, Tw, Tw]`` symmetric TAN edge confidences of each question's topics."""
-        tp = self.topics
-        Q = qconv.numel()
-        adj = torch.zeros(Q, Tw, Tw)
-        if tp.src.numel() == 0 or Tw == 0:
-            return adj
-        conv = tp.conv[tp.src]
-        for qrow in range(Q):  # one row per question: O(edges of its conversation)
-            m = conv == qconv[qrow]
-            a, b = tp.src[m] - first[qrow], tp.dst[m] - first[qrow]
-            adj[qrow, a, b] = tp.conf[m]
-            adj[qrow, b, a] = tp.conf[m]
-        return adj
-
-    def _epg_max(self, e: Tensor, rows: Tensor, valid: Tensor, start: Tensor) -> Tensor:
-        src, dst = epg_links(self.events.emb, self.topics.event_topic, self.params.epg_window)
-        E = len(self.events)
-        flat = torch.full((E,), -math.inf)
-        out = torch.full_like(e, -math.inf)
-        for qrow in range(e.shape[0]):
-            flat.fill_(-math.inf)
-            flat[rows[qrow][valid[qrow]]] = e[qrow][valid[qrow]]
-            best = torch.full((E,), -math.inf)
-            best.scatter_reduce_(0, src, flat[dst], "amax")
-            best.scatter_reduce_(0, dst, flat[src], "amax")
-            out[qrow] = best[rows[qrow]]
-        return torch.where(torch.isfinite(out) & valid, out, torch.zeros_like(out))
 
 
 def _dots(q: Tensor, emb: Tensor, rows: Tensor, valid: Tensor) -> Tensor:

@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["zfuse", "is_temporal_question", "named_speakers", "padded", "rank_events"]
+__all__ = ["zfuse", "is_temporal_question", "named_speakers", "padded", "question_edges",
+           "neighbour_max", "rank_events"]
 
 _TEMPORAL_Q = re.compile(
     r"\bwhen\b|\bwhat (?:date|time|day|month|year|week)\b|\bhow long\b|\bwhich "
@@ -89,8 +90,41 @@ def zfuse(dense: Tensor, lexical: Optional[Tensor], valid: Tensor, alpha: float)
     return s.masked_fill(~valid, -math.inf)
 
 
+def question_edges(q_conv: Tensor, edge_conv: Tensor, n_conv: int) -> tuple[Tensor, Tensor]:
+    """Join every question with the edges of its conversation.
+
+    Args:
+        q_conv: ``[Q]`` conversation of each question.
+        edge_conv: ``[L]`` conversation of each edge, sorted.
+        n_conv: number of conversations.
+
+    Returns:
+        ``(qrow, edge)``: one pair per (question, edge of its conversation).
+    """
+    eptr = torch.searchsorted(edge_conv.contiguous(), torch.arange(n_conv + 1))
+    start = eptr[q_conv]
+    cnt = eptr[q_conv + 1] - start
+    qrow = torch.repeat_interleave(torch.arange(q_conv.numel()), cnt)
+    off = torch.arange(int(cnt.sum())) - torch.repeat_interleave(cnt.cumsum(0) - cnt, cnt)
+    return qrow, start[qrow] + off
+
+
+def neighbour_max(values: Tensor, qrow: Tensor, a: Tensor, b: Tensor,
+                  weight: Optional[Tensor] = None) -> Tensor:
+    """``out[q, j] = max over edges (q; i, j) in either direction of values[q, i] * weight``
+    (``-inf`` where ``j`` has no edge); ``a``, ``b`` are positions within the question's row."""
+    Q, W = values.shape
+    out = torch.full((Q * W,), -math.inf, dtype=values.dtype)
+    if qrow.numel() == 0:
+        return out.view(Q, W)
+    w = weight.to(values.dtype) if weight is not None else 1.0
+    out.scatter_reduce_(0, qrow * W + b, values[qrow, a] * w, "amax")
+    out.scatter_reduce_(0, qrow * W + a, values[qrow, b] * w, "amax")
+    return out.view(Q, W)
+
+
 def rank_events(e: Tensor, ev_valid: Tensor, ev_topic: Tensor, r: Tensor, tp_valid: Tensor,
-                adj: Tensor, *, anchors: int, tan: bool, epg: bool, gamma: float, eta: float,
+                tan_edges: tuple, *, anchors: int, tan: bool, epg: bool, gamma: float, eta: float,
                 epg_max: Optional[Tensor], time_bonus: Tensor, role_bonus: Tensor,
                 log_conf: float) -> tuple[Tensor, Tensor]:
     """Scores and rankings ``[Q, W]`` of the events (positions within the conversation).
@@ -99,7 +133,8 @@ def rank_events(e: Tensor, ev_valid: Tensor, ev_topic: Tensor, r: Tensor, tp_val
         e: ``[Q, W]`` event relevance (``-inf`` invalid).
         ev_topic: ``[Q, W]`` topic position (within the conversation) of each event.
         r: ``[Q, Tw]`` topic relevance (``-inf`` invalid).
-        adj: ``[Q, Tw, Tw]`` TAN edge confidence between topics (0: no edge).
+        tan_edges: ``(qrow, a, b, conf)`` TAN edges of each question's conversation
+            (``a``, ``b`` topic positions within it; :func:`question_edges`).
         epg_max: ``[Q, W]`` the best relevance among each event's EPG neighbours.
         time_bonus, role_bonus: ``[Q, W]`` the log-factors already applied per event.
         log_conf: ``ln(beta_conf)`` (0 without multi-factor re-ranking).
@@ -112,7 +147,8 @@ def rank_events(e: Tensor, ev_valid: Tensor, ev_topic: Tensor, r: Tensor, tp_val
     is_anchor &= tp_valid
     reach = is_anchor.float()
     if tan:
-        nb = (adj * is_anchor[:, :, None].float()).amax(1)  # best edge from an anchor
+        qrow, a, b, conf = tan_edges  # best edge from an anchor
+        nb = neighbour_max(is_anchor.float(), qrow, a, b, conf).clamp_min(0.0)
         reach = torch.maximum(reach, nb)
     cand_topic = (reach > 0) & tp_valid
     safe_t = ev_topic.clamp_min(0)
