@@ -107,3 +107,30 @@ def test_llm_judge_types_relations_and_is_cached(tmp_path):
     assert parse_relation('sure: {"relation": "causal", "confidence": 1.7}') == ("causal", 1.0)
     assert parse_relation("no json") == ("unrelated", 0.0)
     assert parse_relation('{"relation": "friendship", "confidence": 0.9}') == ("unrelated", 0.0)
+
+
+def test_reference_loop_of_the_benchmark_finds_the_same_memory(two_convs):
+    """The benchmark's reference (plain per-event loop, one scikit-learn GMM per topic)
+    is an independent implementation of the same rule: same topics, same edges."""
+    from memgas_gpu.bench.gam import ReferenceWriter
+
+    enc = FakeEncoder()
+    p = GamParams(theta=0.55, min_events=3, max_tokens=300, min_earlier=3)
+    off = GamIndex.build(two_convs, enc, p)
+    ref = ReferenceWriter(enc.encode, p)
+    for c in two_convs:
+        for s in c.sessions:
+            msgs = list(s.messages)
+            for m, e, t in zip(msgs, enc.encode(msgs), enc.count_tokens(msgs)):
+                ref.add(c.id, s.id, m, e.numpy(), t)
+    ref.flush()
+    assert ref.n_topics == len(off.topics)
+    first = {}  # reference edges use positions within the conversation
+    for k, c in enumerate(off.topics.conv.tolist()):
+        first.setdefault(c, k)
+    ids = off.events.conv_ids
+    got = {(ids[c], s - first[c], d - first[c]) for s, d, c in
+           zip(off.topics.src.tolist(), off.topics.dst.tolist(),
+               off.topics.conv[off.topics.src].tolist())}
+    assert len(got) > 5
+    assert got == set(ref.edges)

@@ -111,7 +111,7 @@ class ReferenceWriter:
             post = g.predict_proba(v)[:, hi]
             for (s_, j), pr, lab in zip(sims[:self.p.tan_candidates], post, g.predict(v)):
                 if lab == hi and pr >= self.p.conf_min:
-                    self.edges.append((self.n_topics, j))
+                    self.edges.append((self.conv, len(self.keys), j))  # local ids
         self.keys.append(key)
         self.n_topics += 1
         self.buf, self.buf_tokens = [], 0
