@@ -7,6 +7,8 @@ Answers are deterministic and rule-based on the last message:
 * filter prompt → the history lines sharing a word (4+ letters) with the question
 * answer prompt → ``"answer-<8 hex of sha256(prompt)>"``
 * judge prompt → ``"yes"``, or ``"no"`` when the model response contains ``WRONG``
+* GAM relation prompt → ``{"relation": "coreference", "confidence": 0.9}`` when the two
+  topics share a capitalised word, else ``{"relation": "unrelated", "confidence": 0.8}``
 * anything else → ``"echo-<8 hex>"``
 
 Faults are queued with :meth:`FakeOpenAI.inject` and consumed by the next requests in
@@ -58,6 +60,12 @@ def rule_answer(prompt: str) -> str:
         return "\n".join(keep) or "(nothing relevant)"
     if "generate one concise, coherent and helpful response" in prompt:
         return "answer-" + _h(prompt)
+    if "Classify the relation of topic B to topic A" in prompt:
+        a, b = prompt.split("Topic A:\n", 1)[1].split("\n\nTopic B:\n", 1)
+        names = lambda t: set(re.findall(r"\b[A-Z][a-z]{2,}\b", t))  # noqa: E731
+        shared = names(a) & names(b)
+        return json.dumps({"relation": "coreference" if shared else "unrelated",
+                           "confidence": 0.9 if shared else 0.8})
     if "yes or no only" in prompt:
         response = prompt.rsplit("Model response:", 1)[-1]
         return "no" if "WRONG" in response else "yes"

@@ -54,3 +54,6 @@ from .sweep import sweep  # noqa: E402
 
 cli.add_command(bench)
 cli.add_command(sweep)
+from .gam import gam  # noqa: E402
+
+cli.add_command(gam)

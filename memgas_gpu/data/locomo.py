@@ -12,6 +12,9 @@ Reference semantics (MemGAS ``dataprocess.py``): messages render as
 sessions in numeric order, only those with content; the answer is
 ``adversarial_answer`` when present; evidence ``D3:5`` → ``session_3`` and an entry
 that does not parse (e.g. ``"D8:6; D9:17"``) is skipped, as the reference does.
+Evidence turns (``Question.evidence_turn_ids``): every ``D<n>:<m>`` in an entry (both
+parts of ``"D8:6; D9:17"``) → the message with that ``dia_id`` (``"session_<n>:<j>"``,
+``j`` its 0-based position; ``m - 1`` when no message carries that ``dia_id``).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .model import Conversation, Question, Session, pair_messages
+from .model import Conversation, Question, Session, first_lengths, pair_messages
 from ._validate import RecordContext, as_text
 
 __all__ = ["parse_locomo_record", "LOCOMO_CATEGORIES", "locomo_summaries"]
@@ -30,6 +33,15 @@ LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single
 
 _SESSION_KEY = re.compile(r"^session_(\d{1,9})$")
 _EVIDENCE = re.compile(r"^D(\d+):(\d+)$")
+_DIA = re.compile(r"D(\d+):(\d+)")
+
+
+def _evidence_turns(item, dia: dict) -> list[str]:
+    """``"D3:5"`` → ``["session_3:4"]`` (through the ``dia_id`` map when it knows it)."""
+    if not isinstance(item, str):
+        return []
+    return [dia.get(f"D{int(n)}:{int(m)}", f"session_{int(n)}:{int(m) - 1}")
+            for n, m in _DIA.findall(item)]
 
 
 def _evidence_session(item) -> Optional[str]:
@@ -81,6 +93,7 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
             raise ctx.error(f"keys {keys[n]!r} and {k!r} both name session_{n}", k)
         keys[n] = k
     sessions: list[Session] = []
+    dia: dict[str, str] = {}  # dia_id -> "session_id:message_index"
     for n in sorted(keys):
         key = keys[n]
         raw = conv[key]
@@ -94,13 +107,16 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
             if "blip_caption" in d:
                 msg += f"\n The image Caption: {d['blip_caption']}"
             messages.append(msg)
+            if isinstance(d.get("dia_id"), str):
+                dia.setdefault(d["dia_id"].strip(), f"session_{n}:{j}")
         if not messages:
             if empty_sessions == "error":
                 raise ctx.error("empty session (pass empty_sessions='keep' or 'drop')", key)
             if empty_sessions == "drop":
                 continue
         date = as_text(conv.get(f"{key}_date_time", conv.get(f"session_{n}_date_time", "")))
-        sessions.append(Session(f"session_{n}", date, pair_messages(messages)))
+        sessions.append(Session(f"session_{n}", date, pair_messages(messages),
+                                first_lengths(messages)))
     if not sessions:
         raise ctx.error("no sessions found", "conversation" if not flat else "session_1")
     questions = []
@@ -126,6 +142,8 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
         questions.append(Question(
             id=f"{cid}_q{i}", text=text, type=qtype, date="", answer=as_text(answer),
             evidence_session_ids=tuple(dict.fromkeys(gold)), is_abstention=False,
+            evidence_turn_ids=tuple(dict.fromkeys(
+                t for e in evidence for t in _evidence_turns(e, dia))),
         ))
     return Conversation(cid, sessions, questions, source_summaries=locomo_summaries(rec, flat))
 

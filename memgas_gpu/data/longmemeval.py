@@ -10,14 +10,15 @@ Reference semantics (MemGAS ``dataprocess.py``): messages render as
 ending in ``_abs`` are abstention questions.  Gold sessions come from the
 instance's ``answer_session_ids`` (prefix dropped, de-duplicated, order kept);
 when that field is absent they are derived from ``has_answer`` flags, as the
-reference does.
+reference does.  Evidence turns are the messages flagged ``has_answer``
+(``"session_id:message_index"``, indices after the ``user_only`` filter).
 """
 from __future__ import annotations
 
 import logging
 from typing import IO, Callable, Iterator, Optional
 
-from .model import Conversation, Question, Session, pair_messages
+from .model import Conversation, Question, Session, first_lengths, pair_messages
 from ._validate import RecordContext, as_text, one_line
 
 __all__ = ["iter_longmemeval", "strip_answer_prefix", "SessionInterner"]
@@ -49,7 +50,8 @@ class SessionInterner:
         key = (session.id, session.date, id(turns))
         found = self._sessions.get(key)
         if found is None:
-            found = self._sessions[key] = Session(session.id, session.date, turns)
+            found = self._sessions[key] = Session(session.id, session.date, turns,
+                                                  session.first_lengths)
         return found
 
     def string(self, s: str) -> str:
@@ -58,25 +60,28 @@ class SessionInterner:
 
 def _parse_session(ctx: RecordContext, raw, index: int, sid: str, date: str,
                    interner: SessionInterner, empty_sessions: str
-                   ) -> tuple[Optional[Session], bool]:
-    """Parse one session; returns (session or None if dropped, any has_answer flag)."""
+                   ) -> tuple[Optional[Session], list[int]]:
+    """Parse one session; returns (session or None if dropped, has_answer message
+    indices)."""
     field = f"haystack_sessions[{index}]"
     if not isinstance(raw, list):
         raise ctx.error(f"expected a list of messages, got {type(raw).__name__}", field)
-    messages, flagged = [], False
+    messages, flagged = [], []
     for j, msg in enumerate(raw):
         mfield = f"{field}[{j}]"
         role = ctx.get(msg, "role", str, field=f"{mfield}.role")
         content = ctx.get(msg, "content", str, field=f"{mfield}.content")
         messages.append(f"[{role}]: {content}")
-        flagged = flagged or bool(msg.get("has_answer", False))
+        if msg.get("has_answer", False):
+            flagged.append(j)
     if not messages:
         if empty_sessions == "error":
             raise ctx.error(f"empty session {sid!r} (pass empty_sessions='keep' or 'drop' "
                             "to accept it)", field)
         if empty_sessions == "drop":
             return None, flagged
-    return interner.intern(Session(sid, date, pair_messages(messages))), flagged
+    return interner.intern(Session(sid, date, pair_messages(messages),
+                                   first_lengths(messages))), flagged
 
 
 def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
@@ -96,6 +101,7 @@ def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
     sessions: list[Session] = []
     by_id: dict[str, tuple[int, Session]] = {}
     derived_gold: list[str] = []
+    gold_turns: list[str] = []
     for i, raw in enumerate(sessions_raw):
         rid = ids[i]
         if not isinstance(rid, str):
@@ -114,6 +120,7 @@ def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
         if prev is None:
             by_id[sid] = (i, s)
             sessions.append(s)
+            gold_turns += [f"{sid}:{j}" for j in flagged]
         elif prev.turns is s.turns or prev.turns == s.turns:
             # the same session listed twice: one haystack position, so metrics count it once
             log.warning("%s: record %s (id %r): session %r listed twice with the same "
@@ -137,6 +144,7 @@ def parse_instance(ctx: RecordContext, inst, interner: SessionInterner,
         answer=as_text(inst.get("answer", "")),
         evidence_session_ids=tuple(dict.fromkeys(gold)),
         is_abstention=qid.endswith("_abs"),
+        evidence_turn_ids=tuple(dict.fromkeys(gold_turns)),
     )
     return Conversation(qid, sessions, [question])
 

@@ -17,7 +17,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence
 
-__all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages"]
+__all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages", "first_lengths"]
 
 
 def pair_messages(messages: Sequence[str]) -> tuple[str, ...]:
@@ -30,6 +30,12 @@ def pair_messages(messages: Sequence[str]) -> tuple[str, ...]:
     )
 
 
+def first_lengths(messages: Sequence[str]) -> tuple[int, ...]:
+    """Length of each turn's first message (see :attr:`Session.messages`): what it takes,
+    beside the turns, to recover the messages (a message may itself contain newlines)."""
+    return tuple(len(messages[i]) for i in range(0, len(messages), 2))
+
+
 @dataclass(frozen=True, eq=False)
 class Session:
     """One chat session.
@@ -38,11 +44,30 @@ class Session:
         id: session id (LongMemEval's ``answer_`` prefix already dropped).
         date: the session's timestamp string as given by the source ("" if none).
         turns: turn texts (pairs of rendered messages, see :func:`pair_messages`).
+        first_lengths: length of each turn's first message (:func:`first_lengths`), so
+            that :attr:`messages` can split the turns again; ``()`` when the source has
+            no message structure (then every turn is one message).
     """
 
     id: str
     date: str
     turns: tuple[str, ...]
+    first_lengths: tuple[int, ...] = ()
+
+    @property
+    def messages(self) -> tuple[str, ...]:
+        """The rendered messages (utterances) ``[role]: content``, in order.
+
+        Recovered from :attr:`turns` and :attr:`first_lengths`; a session loaded without
+        message structure (``first_lengths == ()``) returns its turns."""
+        if not self.first_lengths:
+            return self.turns
+        out: list[str] = []
+        for t, n in zip(self.turns, self.first_lengths):
+            out.append(t[:n])
+            if n < len(t):
+                out.append(t[n + 1:])
+        return tuple(out)
 
     @property
     def text(self) -> str:
@@ -77,6 +102,9 @@ class Question:
         date: question date string ("" if none).
         answer: the gold answer as a string.
         evidence_session_ids: ids of the gold sessions (may be empty).
+        evidence_turn_ids: the gold messages as ``"session_id:message_index"`` (0-based
+            index into :attr:`Session.messages`; LoCoMo ``D3:5`` → ``"session_3:4"``,
+            LongMemEval messages flagged ``has_answer``); may be empty.
         is_abstention: True for abstention/adversarial questions, which are
             excluded from retrieval metrics.
     """
@@ -88,6 +116,7 @@ class Question:
     answer: str = ""
     evidence_session_ids: tuple[str, ...] = ()
     is_abstention: bool = False
+    evidence_turn_ids: tuple[str, ...] = ()
 
 
 @dataclass

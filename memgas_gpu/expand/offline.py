@@ -80,6 +80,17 @@ class OfflineExtractor:
             summaries.append(self._summary(text, weight))
         return summaries, keywords
 
+    def summaries(self, texts: Sequence[str]) -> list[str]:
+        """Only the summaries of :meth:`expand` (the same text; keywords not computed)."""
+        tokenised = [words(strip_role(t)) for t in texts]
+        idf = self._idf([_content(ws) for ws in tokenised])
+        out = []
+        for text, ws in zip(texts, tokenised):
+            tf = Counter(_content(ws))
+            out.append(self._summary(text, {w: (1.0 + math.log(c)) * idf.get(w, 1.0)
+                                            for w, c in tf.items()}))
+        return out
+
     def _keywords(self, text: str, weight: dict[str, float]) -> str:
         scores: dict[str, float] = {}
         for sent in sentences(text):

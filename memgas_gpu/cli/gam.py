@@ -1,0 +1,85 @@
+"""``memgas gam DATA --method gam|gam_no_tan|... --segmentation semantic|tokens256|...``:
+build GAM memory of a dataset and report evidence-turn recall (k = 5, 10, 20)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .._io import atomic_write
+from ._common import dataset_options, load
+
+# kept here (not imported) so `memgas --help` does not import torch; a test checks it
+# equals memgas_gpu.gam.METHODS / SEGMENTATIONS
+METHODS = ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr", "flat_dense",
+           "flat_bm25", "flat_fusion")
+SEGMENTATIONS = ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event")
+
+
+@click.command("gam")
+@click.argument("data", type=click.Path(exists=True))
+@click.option("--method", "methods", multiple=True, default=("gam",), show_default=True,
+              type=click.Choice(METHODS + ("all",)),
+              help="GAM, an ablation or a flat utterance baseline (repeat; 'all').")
+@click.option("--segmentation", default="semantic", show_default=True,
+              help=f"Topic segmentation: {', '.join(SEGMENTATIONS)} (any tokens<N>/turns<N>).")
+@click.option("--theta", type=click.FloatRange(0, 2), default=None,
+              help="Semantic boundary threshold on 1 - cos [default: GamParams].")
+@click.option("--anchors", type=click.IntRange(1), default=None, help="Anchor topics.")
+@click.option("--noise", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of topic boundaries moved at random (robustness).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
+@click.option("--summaries", default="offline", show_default=True,
+              help="c_sum source: offline (extractive, per topic), raw, or a .jsonl file.")
+@click.option("--encoder", default=None, metavar="MODEL",
+              help="Encoder model [default: the bundled all-MiniLM-L6-v2].")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="Embedding store folder (encode each text once, across runs).")
+@click.option("--device", default=None, help="cpu, cuda … [default: auto].")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the metrics (JSON: method → metrics.turn) here.")
+@dataset_options
+def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, encoder, store,
+        device, out, fmt, empty_sessions, user_only, conversations, exclude_conversations):
+    """Build GAM memory of DATA and print evidence-turn recall per method."""
+    from ..encode import EmbeddingStore, Encoder
+    from ..eval.turns import evaluate_turns
+    from ..gam import GamIndex, GamParams, build_events, preset
+    from ..gam.boundary import parse_segmentation
+
+    try:
+        parse_segmentation(segmentation)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--segmentation") from None
+    methods = METHODS if "all" in methods else tuple(dict.fromkeys(methods))
+    ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
+    enc = Encoder(encoder, device=device)
+    st = EmbeddingStore(store, enc.fingerprint) if store else None
+    ev = build_events(ds, enc, store=st, progress=True)
+    kw = {"segmentation": segmentation, "noise": noise, "noise_seed": seed,
+          "summaries": summaries}
+    if theta is not None:
+        kw["theta"] = theta
+    if anchors is not None:
+        kw["anchors"] = anchors
+    base = GamParams(**kw)
+    built: dict = {}
+    results = {}
+    for m in methods:
+        p = preset(m, base)
+        key = (p.segmentation,)
+        if key not in built:
+            built[key] = GamIndex.build(ds, enc, p, store=st, events=ev)
+        idx = built[key]
+        tr = idx.retrieve(method=m if m.startswith("flat_") else "gam", params=p)
+        gold = [idx.questions[i].evidence_turn_ids for i in tr.question_index.tolist()]
+        res = evaluate_turns(tr.rankings, tr.turn_ids, gold)
+        results[m] = {"metrics": {"turn": res}, "topics": len(idx.topics),
+                      "edges": int(idx.topics.src.numel())}
+        shown = " ".join(f"{k}={v:.4f}" for k, v in res.items()
+                         if k.startswith("recall") and k.endswith(("@5", "@10", "@20")))
+        click.echo(f"{m:12s} topics={len(idx.topics):5d} n={res['n']} {shown}")
+    if out:
+        with atomic_write(out) as f:
+            json.dump({"data": str(data), "params": {**base.__dict__}, "results": results},
+                      f, indent=1, default=str)

@@ -1,0 +1,322 @@
+"""``GamIndex``: the GAM memory H = {G_topic, G_event, S_arch, E_cross} of many
+conversations, built offline in one batched pass, and its read path.
+
+``GamIndex.build(dataset, encoder, params)`` → events (:mod:`.events`), topic starts
+(:mod:`.boundary`), topics and TAN edges (:mod:`.topics`). ``index.retrieve()`` →
+:class:`TurnRetrieval` (:mod:`.retrieve`). The online writer
+(:class:`~memgas_gpu.gam.writer.GamWriter`) produces the same index event by event.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..data.model import Dataset, Question
+from ..lexical.terms import INDEX_STOPWORDS, TermMatrix
+from ..lexical.tokenize import Tokenizer, Vocabulary
+from ..ops.bm25 import bm25_scores, bm25_weights
+from ..retrieve.embed import encode_unique
+from . import retrieve as R
+from .boundary import add_boundary_noise, segment
+from .events import EventTable, build_events, epg_links
+from .topics import (Topics, accept_links, candidate_rows, raw_embeddings, summarize,
+                     topic_keys)
+
+__all__ = ["GamParams", "GamIndex", "TurnRetrieval", "FLAT_METHODS"]
+
+#: flat utterance retrieval over the same events and signals (no topics)
+FLAT_METHODS = ("flat_dense", "flat_bm25", "flat_fusion")
+
+
+@dataclass
+class GamParams:
+    """Every GAM setting (defaults chosen on LoCoMo dev, see docs/gam.md).
+
+    Write path: ``segmentation`` (:data:`~memgas_gpu.gam.boundary.SEGMENTATIONS`),
+    ``window``, ``theta``, ``min_events``, ``max_tokens`` (the semantic rule),
+    ``noise``/``noise_seed`` (boundary noise), ``epg_window`` (local link look-back),
+    ``summaries`` (c_sum source), ``tan_m``, ``tan_candidates``, ``conf_min``,
+    ``min_earlier`` (TAN linking). Read path: ``alpha`` (BM25 weight of the fusion),
+    ``anchors``, ``gamma`` (topic prior), ``eta`` (EPG neighbour term), ``beta_time``,
+    ``beta_role``, ``beta_conf``. Switches: ``tan``, ``epg``, ``mfr`` (the ablations).
+    """
+
+    segmentation: str = "semantic"
+    window: int = 3
+    theta: float = 0.6
+    min_events: int = 4
+    max_tokens: int = 2048
+    noise: float = 0.0
+    noise_seed: int = 0
+    epg_window: int = 4
+    summaries: Any = "offline"
+    tan_m: int = 30
+    tan_candidates: int = 5
+    conf_min: float = 0.5
+    min_earlier: int = 3
+    alpha: float = 1.0
+    anchors: int = 8
+    gamma: float = 2.0
+    eta: float = 0.6
+    beta_time: float = 1.4
+    beta_role: float = 1.4
+    beta_conf: float = 1.2
+    tan: bool = True
+    epg: bool = True
+    mfr: bool = True
+
+    def with_(self, **kw) -> "GamParams":
+        return replace(self, **kw)
+
+
+@dataclass
+class TurnRetrieval:
+    """Event rankings for a batch of questions.
+
+    Attributes:
+        method: the method name.
+        question_index: ``[Q]`` indices into ``index.questions``.
+        scores: ``[Q, W]`` event scores (``-inf`` past the conversation's end).
+        rankings: ``[Q, W]`` event positions within the question's conversation, best
+            first (``-1`` padding).
+        n_events: ``[Q]`` events of each question's conversation.
+        turn_ids: per question, the ``"session_id:message_index"`` of its events.
+    """
+
+    method: str
+    question_index: Tensor
+    scores: Tensor
+    rankings: Tensor
+    n_events: Tensor
+    turn_ids: list = field(default_factory=list)
+
+
+class GamIndex:
+    """GAM memory of many conversations (see the module doc)."""
+
+    def __init__(self, events: EventTable, starts: Tensor, topics: Topics,
+                 questions: list[Question], q_conv: Tensor, params: GamParams,
+                 encoder: Any = None, timings: Optional[dict] = None,
+                 store: Any = None) -> None:
+        self.events, self.starts, self.topics = events, starts, topics
+        self.questions, self.q_conv, self.params = questions, q_conv, params
+        self.encoder, self.store = encoder, store
+        self.timings = timings or {}
+        self._lex = None
+        self._q_emb: Optional[Tensor] = None
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def build(cls, dataset: Dataset, encoder: Any, params: Optional[GamParams] = None, *,
+              store: Any = None, events: Optional[EventTable] = None,
+              judge: Optional[Callable] = None) -> "GamIndex":
+        """Build the memory of every conversation of ``dataset`` at once.
+
+        Args:
+            dataset: a loaded dataset.
+            encoder: an :class:`~memgas_gpu.encode.Encoder` (events, summaries, questions).
+            params: :class:`GamParams` (default: GAM's defaults).
+            store: optional :class:`~memgas_gpu.encode.EmbeddingStore`.
+            events: a prebuilt :class:`EventTable` of ``dataset`` (to share the
+                encoding between variants).
+            judge: optional relation judge (:func:`memgas_gpu.gam.judge.llm_judge`)
+                instead of the GMM similarity test.
+        """
+        p = params or GamParams()
+        ev = events if events is not None else build_events(dataset, encoder, store=store)
+        t0 = time.perf_counter()
+        starts = segment(ev.emb, ev.tokens, ev.session_start, p.segmentation,
+                         window=p.window, theta=p.theta, min_events=p.min_events,
+                         max_tokens=p.max_tokens)
+        starts = add_boundary_noise(starts, ev.session_start, p.noise, p.noise_seed)
+        t_seg = time.perf_counter() - t0
+        topics, t_parts = consolidate(ev, starts, encoder, p, store=store, judge=judge)
+        qs = [q for c in dataset for q in c.questions]
+        q_conv = torch.tensor([i for i, c in enumerate(dataset) for _ in c.questions],
+                              dtype=torch.long)
+        timings = {"segment_s": t_seg, **t_parts}
+        return cls(ev, starts, topics, qs, q_conv, p, encoder, timings, store)
+
+    # ------------------------------------------------------------------ lexical
+    def _lexical(self):
+        if self._lex is None:
+            tok = Tokenizer(stopwords=INDEX_STOPWORDS)
+            vocab = Vocabulary()
+            ids = [vocab.encode(tok.tokens(t)) for t in self.events.texts]
+            ptr = self.topics.event_ptr.tolist()
+            tids = [[i for e in range(ptr[k], ptr[k + 1]) for i in ids[e]]
+                    for k in range(len(ptr) - 1)]
+            self._lex = (tok, vocab, TermMatrix.from_ids(ids), TermMatrix.from_ids(tids))
+        return self._lex
+
+    def _bm25(self, docs: TermMatrix, group: Tensor, qi: Tensor, ptr: Tensor) -> Tensor:
+        tok, vocab, _, _ = self._lexical()
+        qm = TermMatrix.from_ids([vocab.encode(tok.tokens(self.questions[i].text), grow=False)
+                                  for i in qi.tolist()])
+        V = max(len(vocab), 1)
+        W, key = bm25_weights(docs.indptr, docs.indices, docs.tf, group, V)
+        S = bm25_scores(W, key, V, qm.indptr, qm.indices, qm.tf, self.q_conv[qi])
+        conv = self.q_conv[qi]
+        out, rows, valid = R.padded(torch.zeros(0), ptr, conv)
+        out = torch.zeros(rows.shape)
+        r, c = S.indices()
+        col = c - ptr[conv[r]]
+        out[r, col] = S.values().float()
+        return out
+
+    def question_embeddings(self) -> Tensor:
+        if self._q_emb is None:
+            emb, _ = encode_unique(self.encoder, [q.text for q in self.questions],
+                                   store=self.store)
+            self._q_emb = torch.nn.functional.normalize(emb.float(), dim=-1)
+        return self._q_emb
+
+    # ------------------------------------------------------------------ reading
+    def retrieve(self, questions: Optional[Sequence[int]] = None, method: str = "gam",
+                 params: Optional[GamParams] = None) -> TurnRetrieval:
+        """Rank the events of each question's conversation.
+
+        Args:
+            questions: indices into :attr:`questions` (default: all).
+            method: ``"gam"`` (the read settings of ``params``) or a flat baseline of
+                :data:`FLAT_METHODS` (the same event signals, no topics).
+            params: read settings (default: the build's); the write settings must be
+                the build's.
+        """
+        p = params or self.params
+        qi = torch.arange(len(self.questions)) if questions is None else \
+            torch.as_tensor(list(questions), dtype=torch.long)
+        ev, tp = self.events, self.topics
+        conv = self.q_conv[qi]
+        q = self.question_embeddings()[qi]
+        _, rows, ev_valid = R.padded(torch.zeros(0), ev.conv_ptr, conv)
+        dense = _dots(q, ev.emb, rows, ev_valid)
+        _, _, ev_lex, tp_lex = self._lexical()
+        bm = self._bm25(ev_lex, ev.conv, qi, ev.conv_ptr)
+        turn_ids = [ev.turn_ids[int(ev.conv_ptr[c]):int(ev.conv_ptr[c + 1])]
+                    for c in conv.tolist()]
+        n_events = ev.conv_ptr[conv + 1] - ev.conv_ptr[conv]
+        if method in FLAT_METHODS:
+            if method == "flat_dense":
+                s = dense.masked_fill(~ev_valid, -math.inf)
+            elif method == "flat_bm25":
+                s = bm.masked_fill(~ev_valid, -math.inf)
+            else:
+                s = R.zfuse(dense, bm, ev_valid, p.alpha)
+            rk = torch.sort(s, dim=1, descending=True, stable=True).indices
+            rk = torch.where(torch.gather(ev_valid, 1, rk), rk, torch.full_like(rk, -1))
+            return TurnRetrieval(method, qi, s, rk, n_events, turn_ids)
+        e = R.zfuse(dense, bm, ev_valid, p.alpha)
+        # topics of each question's conversation
+        tconv_ptr = torch.searchsorted(tp.conv.contiguous(), torch.arange(len(ev.conv_ids) + 1))
+        _, trows, tp_valid = R.padded(torch.zeros(0), tconv_ptr, conv)
+        t_dense = _dots(q, tp.raw_emb + tp.sum_emb, trows, tp_valid)
+        t_bm = self._bm25(tp_lex, tp.conv, qi, tconv_ptr)
+        r = R.zfuse(t_dense, t_bm, tp_valid, p.alpha)
+        ev_topic = tp.event_topic[rows] - tconv_ptr[conv][:, None]
+        ev_topic = torch.where(ev_valid, ev_topic, torch.full_like(ev_topic, -1))
+        C = len(ev.conv_ids)
+        qrow, edge = R.question_edges(conv, tp.conv[tp.src], C)
+        first = tconv_ptr[conv][qrow]
+        tan_edges = (qrow, tp.src[edge] - first, tp.dst[edge] - first, tp.conf[edge])
+        epg_max = None
+        if p.eta:
+            src, dst = epg_links(ev.emb, tp.event_topic, self.params.epg_window)
+            qrow_e, edge_e = R.question_edges(conv, ev.conv[src], len(ev.conv_ids))
+            f = ev.conv_ptr[conv][qrow_e]
+            m = R.neighbour_max(e.masked_fill(~ev_valid, -math.inf), qrow_e,
+                                src[edge_e] - f, dst[edge_e] - f)
+            epg_max = torch.where(torch.isfinite(m) & ev_valid, m, torch.zeros_like(m))
+        zero = torch.zeros_like(e)
+        time_b, role_b, log_conf = zero, zero, 0.0
+        if p.mfr:
+            temporal = torch.tensor([R.is_temporal_question(self.questions[i].text)
+                                     for i in qi.tolist()], dtype=torch.bool)
+            time_b = (temporal[:, None] & ev.time_anchor[rows] & ev_valid).float() * \
+                math.log(p.beta_time)
+            named = torch.zeros(len(qi), len(ev.speakers), dtype=torch.bool)
+            for row, i in enumerate(qi.tolist()):
+                named[row, R.named_speakers(self.questions[i].text, ev.speakers)] = True
+            role_b = (torch.gather(named, 1, ev.speaker[rows]) & ev_valid).float() * \
+                math.log(p.beta_role)
+            log_conf = math.log(p.beta_conf)
+        s, rk = R.rank_events(e, ev_valid, ev_topic, r, tp_valid, tan_edges, anchors=p.anchors,
+                              tan=p.tan, epg=p.epg, gamma=p.gamma, eta=p.eta, epg_max=epg_max,
+                              time_bonus=time_b, role_bonus=role_b, log_conf=log_conf)
+        return TurnRetrieval("gam", qi, s, rk, n_events, turn_ids)
+
+    def session_turns(self, retrieval: Any, method: str = "flat_fusion",
+                      params: Optional[GamParams] = None) -> TurnRetrieval:
+        """Turn ranking of a session-ranking method (the MemGAS family).
+
+        ``retrieval`` is a :class:`~memgas_gpu.retrieve.Retrieval` of a ``MemoryIndex``
+        built from the same dataset (its ``question_index`` indexes the same questions
+        in the same order). Rule (:func:`~memgas_gpu.eval.turns.session_turn_rankings`):
+        the messages of the sessions in rank order, within a session by the message's
+        own score under ``method`` (a flat baseline: dense + BM25 fusion by default).
+        """
+        from ..eval.turns import session_turn_rankings
+
+        qi = torch.as_tensor(retrieval.question_index, dtype=torch.long)
+        if qi.numel() and int(qi.max()) >= len(self.questions):
+            raise ValueError(f"retrieval has question {int(qi.max())}, this GAM index "
+                             f"only {len(self.questions)} (another dataset?)")
+        flat = self.retrieve(qi.tolist(), method=method, params=params)
+        sess, _, valid = R.padded(self.events.session, self.events.conv_ptr, self.q_conv[qi])
+        msess = torch.where(valid, sess, torch.full_like(sess, -1))
+        rk = session_turn_rankings(retrieval.rankings, msess, flat.scores)
+        return TurnRetrieval(f"{retrieval.method}+turns", qi, flat.scores, rk, flat.n_events,
+                             flat.turn_ids)
+
+
+def _dots(q: Tensor, emb: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+    """``[Q, W]`` dot products of each question with ``emb[rows[q]]``: one matrix
+    product per conversation (questions sharing a block share its rows)."""
+    Q, W = rows.shape
+    out = torch.zeros(Q, W)
+    if Q == 0 or W == 0:
+        return out
+    first = rows[:, 0]
+    n = valid.sum(1)
+    block = first * (W + 1) + n
+    for b in block.unique().tolist():
+        sel = torch.nonzero(block == b).flatten()
+        f, k = int(first[sel[0]]), int(n[sel[0]])
+        out[sel, :k] = q[sel] @ emb[f:f + k].T
+    return out
+
+
+def consolidate(ev: EventTable, starts: Tensor, encoder: Any, p: GamParams, *,
+                store: Any = None, judge: Optional[Callable] = None) -> tuple[Topics, dict]:
+    """Topics of the segmented events and their TAN edges (all conversations at once)."""
+    t0 = time.perf_counter()
+    s_idx = torch.nonzero(starts).flatten()
+    event_ptr = torch.cat([s_idx, torch.tensor([len(ev)])])
+    T = s_idx.numel()
+    conv = ev.conv[s_idx] if T else torch.zeros(0, dtype=torch.long)
+    raw = raw_embeddings(ev.emb, event_ptr)
+    ptr = event_ptr.tolist()
+    raw_texts = ["\n".join(ev.texts[ptr[k]:ptr[k + 1]]) for k in range(T)]
+    t1 = time.perf_counter()
+    summaries = summarize(raw_texts, p.summaries)
+    t2 = time.perf_counter()
+    s_emb, _ = encode_unique(encoder, summaries, store=store)
+    s_emb = torch.nn.functional.normalize(s_emb.float(), dim=-1) if T else raw.clone()
+    t3 = time.perf_counter()
+    key = topic_keys(raw, s_emb)
+    sims, index, valid = candidate_rows(key, conv, torch.arange(T), p.tan_m)
+    src, dst, conf, rel = accept_links(sims, index, valid, torch.arange(T),
+                                       candidates=p.tan_candidates, conf_min=p.conf_min,
+                                       min_earlier=p.min_earlier, judge=judge,
+                                       texts=summaries)
+    order = torch.argsort(src * max(T, 1) + dst)  # canonical edge order: (src, dst)
+    src, dst, conf, rel = src[order], dst[order], conf[order], [rel[i] for i in order.tolist()]
+    t4 = time.perf_counter()
+    topics = Topics(event_ptr, conv, raw, s_emb, key, summaries, src, dst, conf, rel)
+    return topics, {"consolidate_s": t1 - t0, "summaries_s": t2 - t1,
+                    "encode_summaries_s": t3 - t2, "link_s": t4 - t3}
