@@ -83,12 +83,16 @@ def format_table(ev: Evaluation, metrics: Sequence[str] = ("recall_all", "ndcg_a
 
 
 def write_logs(ev: Evaluation, path: Union[str, os.PathLike], max_items: Optional[int] = None,
-               session_texts: Optional[dict] = None) -> None:
+               session_texts: Optional[dict] = None,
+               turn_metrics: Optional[dict] = None) -> None:
     """LongMemEval-harness retrieval logs: one JSON line per question.
 
     Each line holds the question's fields and ``retrieval_results: {query,
-    ranked_items: [{corpus_id, text, timestamp}], metrics: {session: {...}, turn: {}}}``.
-    Written atomically (temporary file, then rename).
+    ranked_items: [{corpus_id, text, timestamp}], metrics: {session: {...}, turn: {...}}}``
+    (``turn_metrics``: per-question evidence-turn metrics ``{name: [Q]}`` in the
+    retrieval's question order, e.g. :func:`memgas_gpu.eval.turns.turn_metrics`; NaN —
+    a question without evidence turns — is left out).  Written atomically (temporary
+    file, then rename).
     """
     idx, r = ev.index, ev.retrieval
     with atomic_write(path, "w", encoding="utf-8") as f:
@@ -113,7 +117,9 @@ def write_logs(ev: Evaluation, path: Union[str, os.PathLike], max_items: Optiona
                     "query": q.text, "ranked_items": items,
                     "metrics": {"session": {name: float(ev.per_question[name][row])
                                             for name in metric_names(ev.ks)},
-                                "turn": {}},
+                                "turn": {name: float(v[row]) for name, v in
+                                         (turn_metrics or {}).items()
+                                         if not math.isnan(float(v[row]))}},
                 },
             }
             f.write(json.dumps(rec, ensure_ascii=False, allow_nan=False) + "\n")
