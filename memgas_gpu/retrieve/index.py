@@ -22,6 +22,7 @@ from torch import Tensor
 from ..data.model import Dataset, Question, Session
 from ..expand.granularity import expand_dataset
 from .. import ops
+from ..progress import Progress
 from .embed import embed_sessions, encode_unique
 
 __all__ = ["MemoryIndex", "GraphParams"]
@@ -103,7 +104,8 @@ class MemoryIndex:
                 (default 5).
             hybrid: also embed the reference's hybrid text (for ``method="hybrid"``).
             device: where to build the graph (``None``: CUDA if available).
-            progress: progress bars.
+            progress: progress of each stage (:mod:`memgas_gpu.progress`: a bar on
+                a terminal, plain lines in a log); False: none.
             graph_mapper: how graph chunks run (see :func:`build_graph`; the Ray
                 backend passes parallel tasks).
             lexical: also tokenise S, T, U, K and the questions for the BM25 signals
@@ -119,7 +121,8 @@ class MemoryIndex:
             encoder = Encoder(device=device)
         timings = {}
         t0 = time.perf_counter()
-        exp = expand_dataset(dataset, summaries=summaries, keywords=keywords)
+        exp = expand_dataset(dataset, summaries=summaries, keywords=keywords,
+                             progress=progress)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, hybrid=hybrid,
@@ -340,10 +343,6 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
     arg_lists)`` (default: in order, in this process; the Ray backend passes parallel
     tasks) must yield their results in order.
     """
-    import sys
-
-    from tqdm.auto import tqdm
-
     dev = str(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     offs = index.conv_offsets.tolist()
     chunks = []
@@ -357,9 +356,7 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
         c = c_end
     args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
              [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=index.n_rows, unit="session", desc=f"graph ({params.key()})",
-               disable=not show, leave=False)
+    bar = Progress(index.n_rows, f"graph ({params.key()})", unit="session", enabled=progress)
     indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
     nnz = 0
     for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(_graph_chunk, args)):
