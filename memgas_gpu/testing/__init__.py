@@ -3,7 +3,7 @@
 This module only re-exports; see :mod:`.paths` and :mod:`.standin`.
 """
 from .paths import (ENV, REAL_FILES, data_dir, default_data_dir, how_to_get_real_data,
-                    real_data_path, repo_root)
+                    real_data_path, repo_root, require_real_data)
 from .standin import DEV_IDS, locomo_like_records, to_flat, to_longmemeval, write_dev_layout
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "locomo_like_records",
     "real_data_path",
     "repo_root",
+    "require_real_data",
     "to_flat",
     "to_longmemeval",
     "write_dev_layout",

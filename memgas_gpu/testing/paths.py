@@ -25,6 +25,7 @@ __all__ = [
     "how_to_get_real_data",
     "real_data_path",
     "repo_root",
+    "require_real_data",
 ]
 
 ENV = "MEMGAS_DATA"
@@ -73,3 +74,11 @@ def how_to_get_real_data(name: Optional[str] = None) -> str:
     return (f"{what}: download locomo10.json (github.com/snap-research/LoCoMo), run "
             f"'python -m memgas_gpu.testing prepare locomo10.json DIR' and set {ENV}=DIR "
             f"(LongMemEval itself: github.com/xiaowu0162/LongMemEval)")
+
+
+def require_real_data(name: str) -> Path:
+    """Path of one real-data file for a script; exits with how to get it when absent."""
+    path = real_data_path(name)
+    if path is None:
+        raise SystemExit(f"error: {how_to_get_real_data(name)}")
+    return path
