@@ -7,8 +7,8 @@ redirected to a file, a batch job, a pipe) it prints one plain line every
 
     encode: 41,000/96,500 texts (42%), 812 texts/s, elapsed 50s, ETA 1m08s
 
-and a closing line once a stage that printed anything ends.  A stage shorter than the
-interval prints nothing.  :func:`set_quiet` / :func:`quiet` (the CLI's ``--quiet``, or
+and a closing line when a stage that lasted at least the interval ends.  A shorter
+stage prints nothing.  :func:`set_quiet` / :func:`quiet` (the CLI's ``--quiet``, or
 ``MEMGAS_QUIET=1``) silence every stage; a call's own ``progress=False`` silences
 that call; ``progress=None`` follows the enclosing :func:`defaults` scope.
 """
@@ -142,8 +142,8 @@ class Progress:
         self.n += n
         if self._bar is not None:
             self._bar.update(n)
-        elif self.enabled:
-            now = self.clock()
+        elif self.enabled and (self.total is None or self.n < self.total):
+            now = self.clock()  # (a finished stage gets its closing line instead)
             if now - self.last >= self.interval:
                 self.last = now
                 self._line(now)
@@ -155,12 +155,14 @@ class Progress:
             self._bar.set_postfix_str(text, refresh=False)
 
     def close(self) -> None:
-        """End the stage (a closing line if it printed any)."""
+        """End the stage (a closing line if it lasted at least ``interval``)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif self.enabled and self.lines:
-            self._line(self.clock(), final=True)
+        elif self.enabled:
+            now = self.clock()
+            if self.lines or now - self.t0 >= self.interval:
+                self._line(now, final=True)
         self.enabled = False
 
     def _count(self, n: float) -> str:

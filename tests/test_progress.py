@@ -62,6 +62,12 @@ def test_short_stage_prints_nothing_and_bytes_are_sized():
                   clock=clock) as p:
         p.update(10)
     assert out.getvalue() == ""
+    with Progress(3, "graph", unit="session", enabled=True, file=out, interval=5,
+                  clock=clock) as p:
+        clock.t += 6
+        p.update(3)  # one update finishing a long stage: only the closing line
+    assert _lines(out) == ["graph: 3/3 sessions (100%), done in 6s, 0.5 sessions/s"]
+    out = io.StringIO()
     with Progress(4_000_000_000, "load m.json", unit="B", unit_scale=True, enabled=True,
                   file=out, interval=5, clock=clock) as p:
         clock.t += 10
