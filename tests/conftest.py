@@ -53,8 +53,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"real data: {REAL}")
     elif seen["standin"] or seen["skipped"]:
         terminalreporter.write_line(
-            f"real data: not found; {seen['standin']} tests ran on project-made stand-ins, "
-            f"{seen['skipped']} real-data checks skipped ({how_to_get_real_data()})")
+            f"real data: {seen['standin']} tests ran on project-made stand-ins, "
+            f"{seen['skipped']} real-data checks skipped; {how_to_get_real_data()}")
 
 
 @pytest.fixture(scope="session")
