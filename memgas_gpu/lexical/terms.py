@@ -106,15 +106,24 @@ class LexicalIndex:
                                        for q in questions])
         return cls(tok, vocab, docs, ptr, queries)
 
-    def append_session(self, session, summary: str, keywords: str) -> None:
-        """Add one distinct session (the next slot)."""
+    def append_session(self, session, summary: str, keywords: str,
+                       questions: Optional[Sequence[str]] = None) -> None:
+        """Add one distinct session (the next slot).
+
+        ``questions`` (the index's question texts, in query order) are re-encoded when
+        the session brings new terms: a question term first seen in this session was
+        dropped when the queries were encoded, and a fresh build would count it.
+        """
         tok = self.tokenizer
         self.graphs.clear()
+        n_terms = len(self.vocab)
         new = {"S": [session.text], "T": list(session.turns), "U": [summary], "K": [keywords]}
         for g, texts in new.items():
             m = TermMatrix.from_ids([self.vocab.encode(tok.tokens(t)) for t in texts])
             self.docs[g] = self.docs[g].cat(m)
             self.doc_ptr[g] = torch.cat([self.doc_ptr[g], self.doc_ptr[g][-1:] + len(texts)])
+        if questions is not None and len(self.vocab) > n_terms:
+            self.queries = self.encode_queries(questions)
 
     def encode_queries(self, texts: Sequence[str]) -> TermMatrix:
         """Term counts of new query texts (terms unknown to the index are dropped)."""

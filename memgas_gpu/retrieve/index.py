@@ -239,7 +239,8 @@ class MemoryIndex:
         if self.hybrid is not None:
             self.hybrid = torch.cat([self.hybrid, emb[3 + nt:4 + nt].to(self.hybrid.dtype)])
         if self.lexical is not None:
-            self.lexical.append_session(session, summary, keywords)
+            self.lexical.append_session(session, summary, keywords,
+                                        [q.text for q in self.questions])
         r = int(self.conv_offsets[ci + 1])  # the new row, at the end of conversation ci
         self.row_slot = torch.cat([self.row_slot[:r], torch.tensor([slot]), self.row_slot[r:]])
         self.conv_offsets = self.conv_offsets.clone()
