@@ -1,4 +1,5 @@
-"""BM25 as sparse products vs bm25s: all questions of LoCoMo dev against their turns.
+"""BM25 as sparse products vs bm25s: every question of LoCoMo conversations 26, 30 and 41
+against their turns.
 
     python benchmarks/bench_bm25.py [--device cuda] [--repeat 5]
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,12 +18,15 @@ import torch
 from memgas_gpu import load_dataset
 from memgas_gpu.lexical import TermMatrix, Tokenizer, Vocabulary, bm25_scores, bm25_weights
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
+from memgas_gpu.testing import real_data_path
+
+DATA = real_data_path("locomo_list")  # MEMGAS_DATA (see memgas_gpu.testing), or None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--data", default=str(DATA) if DATA else None, required=DATA is None,
+                    help="LoCoMo file [default: locomo/locomo_dev.json under MEMGAS_DATA]")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--copies", type=int, default=1,

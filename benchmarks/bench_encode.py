@@ -2,8 +2,9 @@
 
     python benchmarks/bench_encode.py [--n 500] [--budget 8192] [--repeat 1] [--threads N]
 
-Texts: the turns of the three LoCoMo conversations in
-``../shared/data/locomo/locomo_dev.json`` (each message ``[speaker]: text``,
+Texts: the turns of LoCoMo conversations conv-26, conv-30 and conv-41 (the file
+``locomo/locomo_dev.json`` under ``MEMGAS_DATA``, see ``memgas_gpu.testing``; each
+message ``[speaker]: text``,
 messages merged in pairs), encoded with the bundled all-MiniLM-L6-v2. The
 baseline follows the reference: batches of 64 in input order, the HF tokenizer
 call with ``padding=True, truncation=True`` per batch, mean pooling. Rates count
@@ -17,14 +18,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
-
-
-def locomo_turns(path: Path = LOCOMO) -> list[str]:
+def locomo_turns(path: Optional[Path] = None) -> list[str]:
     """Turns of every conversation: ``[speaker]: text`` messages merged in pairs."""
+    from memgas_gpu.testing import require_real_data
+
+    path = path or require_real_data("locomo_list")
     turns = []
     for conv in json.loads(path.read_text()):
         c = conv["conversation"]

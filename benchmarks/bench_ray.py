@@ -3,7 +3,8 @@ over the single-process path at small scale.
 
     python benchmarks/bench_ray.py [--n 400] [--threads 1]
 
-Texts: LoCoMo turns (../shared/data/locomo/locomo_dev.json) encoded with the
+Texts: turns of LoCoMo conversations conv-26, conv-30 and conv-41 (``MEMGAS_DATA``,
+see ``memgas_gpu.testing``) encoded with the
 bundled all-MiniLM-L6-v2.  Each worker runs ``--threads`` torch threads; the
 single-process baseline runs the same count, so on a 2-core machine the 2-worker
 run can at best double the 1-worker rate.  Prints real tokens/s and the ratios.
@@ -13,17 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
-
-
 def _turns(n: int) -> list[str]:
     from memgas_gpu import load_dataset
+    from memgas_gpu.testing import require_real_data
 
-    return [t for c in load_dataset(DATA) for s in c.sessions for t in s.turns][:n]
+    data = require_real_data("locomo_list")
+    return [t for c in load_dataset(data) for s in c.sessions for t in s.turns][:n]
 
 
 def _rate(enc, texts) -> tuple[float, float]:
@@ -72,6 +71,12 @@ def main(argv=None) -> int:
 
 
 def test_bench_ray(benchmark):  # pragma: no cover - run with --benchmark-enable
+    import pytest
+
+    from memgas_gpu.testing import how_to_get_real_data, real_data_path
+
+    if real_data_path("locomo_list") is None:
+        pytest.skip(how_to_get_real_data("locomo_list"))
     benchmark.pedantic(main, args=(["--n", "200"],), rounds=1, iterations=1)
 
 

@@ -1,4 +1,5 @@
-"""Loaders on the real shared data, and every malformed-input case."""
+"""Loaders on the LoCoMo and LongMemEval-format dev data (real or stand-in), and every
+malformed-input case."""
 from __future__ import annotations
 
 import json

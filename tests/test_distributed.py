@@ -71,7 +71,8 @@ def test_ray_index_and_rankings_equal_single_process(local_ray, single, tiny_mod
 
 def test_killed_worker_is_retried(local_ray, single, tiny_model):
     ds, a = single
-    enc = RayEncoder({"model": tiny_model}, num_workers=2)
+    small = 4096  # padded tokens per batch: enough batches to kill one mid-plan on any data
+    enc = RayEncoder({"model": tiny_model, "token_budget": small}, num_workers=2)
     texts = [s.text for s in ds.distinct_sessions()] + [t for s in ds.distinct_sessions()
                                                         for t in s.turns]
     tok = enc.tokenize(texts)
@@ -83,7 +84,7 @@ def test_killed_worker_is_retried(local_ray, single, tiny_model):
             ray.kill(enc.actors[0], no_restart=False)
         out[torch.tensor(items)] = emb
     enc.shutdown()
-    expect = Encoder(tiny_model, device="cpu").encode(texts)
+    expect = Encoder(tiny_model, device="cpu", token_budget=small).encode(texts)
     assert torch.equal(out, expect)
 
 

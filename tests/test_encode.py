@@ -14,8 +14,6 @@ from memgas_gpu.encode import Encoder, plan_batches, split_windows
 from memgas_gpu.encode.tiny import make_random_bert
 
 ROOT = Path(__file__).resolve().parents[1]
-from conftest import SHARED  # ../shared/data beside the checkout
-LOCOMO = SHARED / "locomo" / "locomo_dev.json"
 
 TEXTS = [
     "hello world",
@@ -171,8 +169,8 @@ def test_split_windows_and_plan_units():
         assert [[[0, 2, 4][j] for j in b] for b in plan_batches(rest, token_budget=18, **kw)] == full[1:]
 
 
-def locomo_messages(n: int) -> list[str]:
-    conv = json.loads(LOCOMO.read_text())[0]["conversation"]
+def locomo_messages(path: Path, n: int) -> list[str]:
+    conv = json.loads(path.read_text())[0]["conversation"]
     msgs = []
     for s in range(1, 100):
         for m in conv.get(f"session_{s}", []):
@@ -180,11 +178,11 @@ def locomo_messages(n: int) -> list[str]:
     return msgs[:n]
 
 
-@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo sample not available")
-def test_bundled_minilm_on_locomo():
+@pytest.mark.real_data  # a paraphrase of LoCoMo conv-26's first message
+def test_bundled_minilm_on_locomo(locomo_list_path):
     enc = Encoder(device="cpu")
     assert enc.normalize is True  # its modules.json lists a Normalize module
-    msgs = locomo_messages(40)
+    msgs = locomo_messages(locomo_list_path, 40)
     emb = enc.encode(msgs)
     assert emb.shape == (40, 384)
     torch.testing.assert_close(emb.norm(dim=1), torch.ones(40), atol=1e-5, rtol=0)

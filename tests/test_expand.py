@@ -1,4 +1,4 @@
-"""Summary/keyword sources on real data."""
+"""Summary/keyword sources on the LoCoMo and LongMemEval-format dev data."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,13 @@ def test_offline_on_locomo(locomo_list_path):
     # deterministic
     e2 = expand_dataset(ds)
     assert e2.summaries == e.summaries and e2.keywords == e.keywords
-    # a planted topic shows up in the keywords of its session
+
+
+@pytest.mark.real_data
+def test_offline_keywords_find_a_topic_of_real_locomo(locomo_list_path):
+    ds = load_dataset(locomo_list_path)
+    e = expand_dataset(ds)
+    # a topic of LoCoMo conv-26's second session shows up in its keywords
     c = ds[0]
     i = [s.id for s in c.sessions].index("session_2")
     assert "adoption agencies" in e.keywords[c.id][i]
@@ -61,7 +67,9 @@ def test_shared_sessions_expanded_once(lme_sample_path):
 def test_dataset_and_jsonl_sources(tmp_path, locomo_list_path):
     ds = load_dataset(locomo_list_path)
     e = expand_dataset(ds, summaries="source")
-    assert e.summaries["conv-26"][0].startswith("Caroline and Melanie had a conversation")
+    raw = json.loads(locomo_list_path.read_text())
+    assert e.summaries["conv-26"][0] == raw[0]["session_summary"]["session_1_summary"]
+    assert e.summaries["conv-41"][-1] == raw[2]["session_summary"]["session_32_summary"]
     # reference-style keys for LoCoMo
     p = tmp_path / "kw.jsonl"
     with open(p, "w") as f:

@@ -104,6 +104,7 @@ def test_lexical_graph_is_symmetric_block_diagonal(locomo_index):
     assert all(i // 4 != j // 4 for i, j in a)  # never within a session
 
 
+@pytest.mark.real_data
 def test_hybrid_beats_bm25_and_dense_on_locomo(locomo_index):
     """Real LoCoMo conv-30 (105 questions): measured 87.6 vs BM25 80.0 and dense
     session 48.6 at recall_all@3 (source summaries); asserted with slack."""

@@ -12,9 +12,6 @@ from safetensors import safe_open
 from memgas_gpu.encode import EmbeddingStore, Encoder, StoreError, text_key
 from memgas_gpu.encode.tiny import make_random_bert
 
-from conftest import SHARED  # ../shared/data beside the checkout
-LME_SAMPLE = SHARED / "longmemeval_format_sample.json"
-LOCOMO = SHARED / "locomo" / "locomo_dev.json"
 
 
 class Crash(RuntimeError):
@@ -45,8 +42,8 @@ def session_text(messages) -> str:
     return "\n".join("\n".join(rendered[i : i + 2]) for i in range(0, len(rendered), 2))
 
 
-def locomo_turns(limit: int) -> list[str]:
-    conv = json.loads(LOCOMO.read_text())[0]["conversation"]
+def locomo_turns(path: Path, limit: int) -> list[str]:
+    conv = json.loads(path.read_text())[0]["conversation"]
     msgs = [f"[{m['speaker']}]: {m['text']}" for s in range(1, 40) for m in conv.get(f"session_{s}", [])]
     return ["\n".join(msgs[i : i + 2]) for i in range(0, len(msgs), 2)][:limit]
 
@@ -63,9 +60,8 @@ def stored_vectors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.skipif(not LME_SAMPLE.exists(), reason="LongMemEval-format sample not available")
-def test_dedup_longmemeval_sample(tiny, tmp_path, rows_forwarded):
-    data = json.loads(LME_SAMPLE.read_text())
+def test_dedup_longmemeval_sample(tiny, tmp_path, rows_forwarded, lme_sample_path):
+    data = json.loads(lme_sample_path.read_text())
     texts, ids = [], []
     for inst in data:
         for sid, sess in zip(inst["haystack_session_ids"], inst["haystack_sessions"]):
@@ -89,10 +85,10 @@ def test_dedup_longmemeval_sample(tiny, tmp_path, rows_forwarded):
     torch.testing.assert_close(emb[0], want, atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo sample not available")
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_crash_and_resume_is_bit_identical(tiny, tmp_path, rows_forwarded, dtype):
-    texts = locomo_turns(120)
+def test_crash_and_resume_is_bit_identical(tiny, tmp_path, rows_forwarded, dtype,
+                                           locomo_list_path):
+    texts = locomo_turns(locomo_list_path, 120)
     texts = texts + texts[:30] + [""]  # repeats and an empty string
     kw = dict(token_budget=384)
     one = EmbeddingStore(tmp_path / "one", tiny.fingerprint, dtype=dtype, shard_size=10)

@@ -129,6 +129,9 @@ def build_options(f):
                   help="With --ray: encoder actors and evaluation tasks.")
     @click.option("--gpus-per-worker", type=FiniteFloat(0), default=0.0,
                   show_default=True, help="With --ray: GPUs per encoder actor (1 = one per GPU).")
+    @click.option("--quiet", "-q", is_flag=True,
+                  help="No progress output (by default: a bar on a terminal, a plain "
+                       "line every few seconds in a log).")
     @functools.wraps(f)
     def wrapper(*a, **k):
         return f(*a, **k)
@@ -148,12 +151,26 @@ def ray_or_exit(address):
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
                 summaries, keywords, store, m, skip_sessions, no_concat, device,
                 ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
-                exclude_conversations=None, dataset=None):
+                exclude_conversations=None, dataset=None, quiet=False):
     """Load DATA (unless ``dataset`` is already loaded from it) and build a MemoryIndex
-    with the CLI's options."""
+    with the CLI's options; ``quiet`` silences progress and the stderr summary."""
+    from ..progress import quiet as quiet_scope
+
+    with quiet_scope(quiet):
+        return _build_index(data, fmt, empty_sessions, user_only, encoder, pooling,
+                            max_length, summaries, keywords, store, m, skip_sessions,
+                            no_hybrid, device, ray_address, workers, gpus_per_worker,
+                            conversations, exclude_conversations, dataset, quiet)
+
+
+def _build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
+                 summaries, keywords, store, m, skip_sessions, no_hybrid, device,
+                 ray_address, workers, gpus_per_worker, conversations,
+                 exclude_conversations, dataset, quiet):
     from ..encode import EmbeddingStore, Encoder
     from ..retrieve import MemoryIndex
 
+    say = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
     ds = dataset if dataset is not None else load(data, fmt, empty_sessions, user_only,
                                                   conversations, exclude_conversations)
     if ray_address:
@@ -163,17 +180,16 @@ def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_leng
         kwargs = {"model": encoder, "pooling": pooling, "max_length": max_length}
         if device:
             kwargs["device"] = device
-        click.echo(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)",
-                   err=True)
+        say(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)")
         return build_index_ray(ds, kwargs, num_workers=workers, num_gpus=gpus_per_worker,
                                store_dir=store, summaries=summaries, keywords=keywords, m=m,
                                skip_sessions=skip_sessions, concat=not no_concat,
                                device=device, progress=True)
     enc = Encoder(encoder, pooling=pooling, max_length=max_length, device=device)
     st = EmbeddingStore(store, enc.fingerprint) if store else None
-    click.echo(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "
-               f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
-               f"on {enc.device}", err=True)
+    say(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "
+        f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
+        f"on {enc.device}")
     return MemoryIndex.build(ds, enc, summaries=summaries, keywords=keywords, store=st,
                              m=m, skip_sessions=skip_sessions, concat=not no_concat,
                              device=device, progress=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from ..errors import DataFormatError
+from ..progress import Progress
 from ._jsonscan import BOM, check_json_file
 from .locomo import flat_default_id, parse_locomo_record
 from .longmemeval import SessionInterner, iter_longmemeval
@@ -111,28 +112,18 @@ def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
     if fmt == "longmemeval":
         if _first_char(path) != "[":
             raise DataFormatError(str(path), "expected a JSON list of LongMemEval instances")
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                       desc=f"loading {path.name}", leave=False,
-                       disable=None)  # None: shown on a terminal only, not in logs
-        with _open_json(path) as f:
+        bar = Progress(path.stat().st_size, f"load {path.name}", unit="B", unit_scale=True,
+                       leave=False, enabled=bool(progress))
+        with _open_json(path) as f, bar:
             last = [0]
 
             def tick(pos: int) -> None:
-                if bar is not None:
-                    bar.update(pos - last[0])
-                    last[0] = pos
+                bar.update(pos - last[0])
+                last[0] = pos
 
-            try:
-                return list(iter_longmemeval(f, str(path), interner=interner,
-                                             empty_sessions=empty_sessions,
-                                             user_only=user_only, on_record=tick))
-            finally:
-                if bar is not None:
-                    bar.close()
+            return list(iter_longmemeval(f, str(path), interner=interner,
+                                         empty_sessions=empty_sessions,
+                                         user_only=user_only, on_record=tick))
     data = _load_json(path)
     out = []
     for i, rec in enumerate(_records(path, data, fmt)):
@@ -170,7 +161,8 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
             (default), ``"keep"`` or ``"drop"``.
         user_only: LongMemEval only: index user messages only (the LongMemEval
             harness's baselines); MemGAS indexes both roles (default False).
-        progress: show a progress bar while streaming large files.
+        progress: report progress while streaming large files (a bar on a terminal,
+            plain lines in a log; see :mod:`memgas_gpu.progress`).
         conversations: keep only these conversation ids (LoCoMo ``sample_id``,
             LongMemEval ``question_id``, …), in file order.
         exclude: drop these conversation ids (e.g. LoCoMo's dev conversations, to

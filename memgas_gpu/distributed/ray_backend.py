@@ -129,13 +129,11 @@ class RayEncoder:
                        progress=None) -> Iterator[tuple[list[int], torch.Tensor]]:
         """Planned batches on the actors (round robin); results in plan order."""
         ray = require_ray()
-        from tqdm.auto import tqdm
-
-        from ..encode.encoder import _progress_enabled
+        from ..progress import Progress
 
         budget = int(token_budget or self.token_budget)
-        bar = tqdm(total=sum(len(b) for b in batches), unit="text", desc="encode (ray)",
-                   disable=not _progress_enabled(progress))
+        bar = Progress(sum(len(b) for b in batches), "encode (ray)", unit="text",
+                       enabled=progress)
         pending: deque = deque()
         limit = self.in_flight * len(self.actors)
         try:

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from ..progress import Progress, is_enabled
 from .batching import TextTokenizer, Tokenized, pad_rows, plan_batches
 
 __all__ = ["Encoder", "bundled_model_path", "hf_progress_bars", "normalize_auto"]
@@ -93,7 +94,8 @@ def hf_progress_bars(enabled: bool) -> Iterator[None]:
 
 
 def _progress_enabled(progress: Optional[bool]) -> bool:
-    if progress is False:
+    """transformers' own tqdm bars: on a terminal only, and never when quiet."""
+    if not is_enabled(progress):
         return False
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
@@ -326,13 +328,9 @@ class Encoder:
         window-averaged (``chunk_mean``) and normalised if configured. Padding of the
         next batch overlaps with the current one on CUDA (a helper thread).
         """
-        from tqdm.auto import tqdm
-
         budget = int(token_budget or self.token_budget)
         cuda = self.device.type == "cuda"
-        bar = tqdm(total=sum(len(b) for b in batches), unit="text", disable=not _progress_enabled(progress),
-                   desc="encode", dynamic_ncols=True,
-                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+        bar = Progress(sum(len(b) for b in batches), "encode", unit="text", enabled=progress)
         pool = cf.ThreadPoolExecutor(1) if cuda else None
         t0, n_tok, n_txt, last = time.perf_counter(), 0, 0, 0.0
         try:
@@ -355,9 +353,9 @@ class Encoder:
                 n_tok, n_txt = n_tok + real, n_txt + len(items)
                 bar.update(len(items))
                 now = time.perf_counter()
-                if not bar.disable and (now - last > 0.5 or k == len(batches) - 1):
+                if bar.enabled and (now - last > 0.5 or k == len(batches) - 1):
                     dt = max(now - t0, 1e-9)
-                    bar.set_postfix_str(f"{n_txt / dt:,.0f} texts/s, {n_tok / dt:,.0f} tok/s")
+                    bar.set_postfix(f"{n_tok / dt:,.0f} tok/s")
                     last = now
         finally:
             bar.close()
@@ -383,7 +381,9 @@ class Encoder:
                 the tokenizer's ``[CLS] [SEP]``).
             batch_size: maximum rows per batch (``None``: token budget only).
             token_budget: padded tokens per batch (``None``: the encoder's default).
-            progress: tqdm bar (texts/s, tokens/s); never shown when stderr is not a TTY.
+            progress: progress of the encoding (texts/s, tokens/s): a tqdm bar on a
+                terminal, a plain line every few seconds otherwise
+                (:mod:`memgas_gpu.progress`); False: none.
             convert_to: ``"torch"`` (float32 CPU tensor) or ``"numpy"``.
             **kwargs: sentence-transformers aliases ``show_progress_bar``,
                 ``convert_to_numpy`` and ``convert_to_tensor``; anything else raises

@@ -297,7 +297,8 @@ class EmbeddingStore:
             encoder: an :class:`~memgas_gpu.encode.Encoder` whose ``fingerprint``
                 equals the store's.
             texts: texts in any order, repeats allowed.
-            progress: tqdm bar over the texts being encoded (never when not a TTY).
+            progress: progress over the texts being encoded: a tqdm bar on a terminal,
+                plain lines in a log (:mod:`memgas_gpu.progress`); False: none.
             token_budget: padded tokens per batch (``None``: the encoder's default).
                 Keep it fixed across a resume for bit-identical results.
             batch_size: maximum rows per batch.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..data.model import Conversation, Dataset, Session
+from ..progress import defaults
 from .sources import OfflineSource, TextSource, describe_source, resolve_source
 
 __all__ = ["Expansion", "expand_dataset"]
@@ -42,7 +43,8 @@ def _distinct(ds: Dataset) -> tuple[list[Session], list[Conversation]]:
 
 
 def expand_dataset(ds: Dataset, summaries="offline", keywords="offline",
-                   offline: Optional[OfflineSource] = None) -> Expansion:
+                   offline: Optional[OfflineSource] = None,
+                   progress: Optional[bool] = None) -> Expansion:
     """Summaries (U) and keywords (K) for every session of ``ds``.
 
     Args:
@@ -53,6 +55,8 @@ def expand_dataset(ds: Dataset, summaries="offline", keywords="offline",
         keywords: the same for keywords (``"source"`` is not available: no dataset
             ships keywords).
         offline: share one offline extractor between both kinds (one corpus pass).
+        progress: progress of the sources that report it (the offline extractor):
+            None follows the enclosing :func:`memgas_gpu.progress.defaults`.
 
     Returns:
         An :class:`Expansion`; ``config`` records which source produced what.
@@ -61,8 +65,9 @@ def expand_dataset(ds: Dataset, summaries="offline", keywords="offline",
     src_u: TextSource = offline if summaries == "offline" else resolve_source(summaries)
     src_k: TextSource = offline if keywords == "offline" else resolve_source(keywords)
     sessions, owners = _distinct(ds)
-    u = src_u.generate("summary", sessions, owners)
-    k = src_k.generate("keywords", sessions, owners)
+    with defaults(progress):
+        u = src_u.generate("summary", sessions, owners)
+        k = src_k.generate("keywords", sessions, owners)
     by_key = {s.key: i for i, s in enumerate(sessions)}
     exp = Expansion(config={"summaries": describe_source(src_u),
                             "keywords": describe_source(src_k)})

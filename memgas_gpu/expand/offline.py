@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Sequence
+from typing import Optional, Sequence
 
+from ..progress import Progress
 from .text import STOPWORDS, sentences, strip_role, words
 
 __all__ = ["OfflineExtractor"]
@@ -68,16 +69,21 @@ class OfflineExtractor:
         return {w: (math.log((1 + n) / (1 + c)) + 1.0) if c <= cut else 0.0
                 for w, c in df.items()}
 
-    def expand(self, texts: Sequence[str]) -> tuple[list[str], list[str]]:
-        """Summaries and keywords for each session text (IDF over ``texts``)."""
+    def expand(self, texts: Sequence[str], progress: Optional[bool] = None
+               ) -> tuple[list[str], list[str]]:
+        """Summaries and keywords for each session text (IDF over ``texts``);
+        ``progress`` as in :mod:`memgas_gpu.progress`."""
         tokenised = [words(strip_role(t)) for t in texts]
         idf = self._idf([_content(ws) for ws in tokenised])
         summaries, keywords = [], []
-        for text, ws in zip(texts, tokenised):
-            tf = Counter(_content(ws))
-            weight = {w: (1.0 + math.log(c)) * idf.get(w, 1.0) for w, c in tf.items()}
-            keywords.append(self._keywords(text, weight))
-            summaries.append(self._summary(text, weight))
+        with Progress(len(texts), "expand (offline)", unit="session",
+                      enabled=progress) as bar:
+            for text, ws in zip(texts, tokenised):
+                tf = Counter(_content(ws))
+                weight = {w: (1.0 + math.log(c)) * idf.get(w, 1.0) for w, c in tf.items()}
+                keywords.append(self._keywords(text, weight))
+                summaries.append(self._summary(text, weight))
+                bar.update()
         return summaries, keywords
 
     def summaries(self, texts: Sequence[str]) -> list[str]:

@@ -125,7 +125,8 @@ class LexicalIndex:
         return cls(tok, vocab, docs, ptr, queries)
 
     def append_session(self, session, summary: str, keywords: str) -> None:
-        """Add one distinct session (the next slot)."""
+        """Add one distinct session (the next slot); the caller re-encodes its
+        questions (:meth:`set_queries`) so that terms first seen here match."""
         tok = self.tokenizer
         self.invalidate()
         new = {"S": [session.text], "T": list(session.turns), "U": [summary], "K": [keywords]}

@@ -28,6 +28,7 @@ from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.granularity import expand_dataset
 from ..granularity import N_GRAN, expand_ranges
+from ..progress import Progress
 from .embed import embed_sessions, encode_unique
 from .meta import ConversationMeta, GraphParams
 from .texts import TextTable
@@ -101,7 +102,8 @@ class MemoryIndex:
             concat: also embed ``"{summary} {keywords} {session}"`` (the reference's
                 "hybrid" text, for ``method="concat"``).
             device: where to build the graph (``None``: CUDA if available).
-            progress: progress bars.
+            progress: progress of each stage (:mod:`memgas_gpu.progress`: a bar on
+                a terminal, plain lines in a log); False: none.
             graph_mapper: how graph chunks run (see :func:`build_graph`; the Ray
                 backend passes parallel tasks).
             lexical: also tokenise S, T, U, K and the questions for the BM25 signals
@@ -118,7 +120,8 @@ class MemoryIndex:
             encoder = Encoder(device=device)
         timings = {}
         t0 = time.perf_counter()
-        exp = expand_dataset(dataset, summaries=summaries, keywords=keywords)
+        exp = expand_dataset(dataset, summaries=summaries, keywords=keywords,
+                             progress=progress)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, concat=concat,
@@ -488,10 +491,6 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
     arg_lists)`` (default: in order, in this process; the Ray backend passes parallel
     tasks) must yield their results in order.
     """
-    import sys
-
-    from tqdm.auto import tqdm
-
     dev = str(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
     offs = index.conv_offsets.tolist()
     chunks = []
@@ -505,9 +504,7 @@ def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] =
         c = c_end
     args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
              [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = tqdm(total=index.n_rows, unit="session", desc=f"graph ({params.key()})",
-               disable=not show, leave=False)
+    bar = Progress(index.n_rows, f"graph ({params.key()})", unit="session", enabled=progress)
     indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
     nnz = 0
     for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
