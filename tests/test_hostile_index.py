@@ -254,8 +254,8 @@ def _tensor_edit(t: dict, what: str):
         t["gran"][1, 2, 3] = float("nan")
     elif what == "inf_q_emb":
         t["q_emb"][0, 0] = float("inf")
-    elif what == "nan_hybrid":
-        t["hybrid"][0, 0] = float("nan")
+    elif what == "nan_concat":
+        t["concat"][0, 0] = float("nan")
     elif what == "nan_tf":
         t["lexical.S.tf"][0] = float("nan")
     elif what == "negative_tf":
@@ -289,7 +289,7 @@ def _tensor_edit(t: dict, what: str):
     return t
 
 
-TENSOR_EDITS = ["nan_gran", "inf_q_emb", "nan_hybrid", "nan_tf", "negative_tf", "huge_turns",
+TENSOR_EDITS = ["nan_gran", "inf_q_emb", "nan_concat", "nan_tf", "negative_tf", "huge_turns",
                 "row_slot_range",
                 "offsets_down", "graph_range", "graph_short", "q_conv_range", "gran_int",
                 "no_q_emb", "q_emb_rows", "gran_2d", "lexical_term_range", "vocab_offsets",

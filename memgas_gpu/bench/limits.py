@@ -1,7 +1,7 @@
 """Arithmetic limits and goal figures: how close a measured time is to what the chip allows.
 
 The limit of a piece of work is ``max(FLOPs / peak FLOP/s, bytes / peak bandwidth)`` on
-one H200 (dense bf16 989 TFLOP/s, HBM3e 4.8 TB/s; the issue's figures; DESIGN.md quotes
+one H200 (dense bf16 989 TFLOP/s, HBM3e 4.8 TB/s; the issue's figures; the MemGAS design notes quote
 the more conservative 790 TFLOP/s and 4.3 TB/s). The FLOP and byte counts below are
 the minimum the algorithm needs (each input read once, each output written once);
 our kernels compute similarities in float32, so the bf16 peak flatters the limit.
@@ -91,7 +91,7 @@ def encode_cost(lengths: Sequence[int], layers: int, hidden: int, intermediate: 
 
     Per token ``2 L (4 h^2 + 2 h i)`` for the projections and feed-forward, plus
     ``4 L h n`` for attention over a window of ``n`` tokens (BERT-base: ~0.19 GFLOP per
-    token at n = 512, DESIGN.md).
+    token at n = 512).
     """
     dense = 2.0 * layers * (4 * hidden * hidden + 2 * hidden * intermediate)
     return float(sum(n * dense + 4.0 * layers * hidden * n * n for n in lengths))

@@ -159,12 +159,12 @@ def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_leng
     with quiet_scope(quiet):
         return _build_index(data, fmt, empty_sessions, user_only, encoder, pooling,
                             max_length, summaries, keywords, store, m, skip_sessions,
-                            no_hybrid, device, ray_address, workers, gpus_per_worker,
+                            no_concat, device, ray_address, workers, gpus_per_worker,
                             conversations, exclude_conversations, dataset, quiet)
 
 
 def _build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
-                 summaries, keywords, store, m, skip_sessions, no_hybrid, device,
+                 summaries, keywords, store, m, skip_sessions, no_concat, device,
                  ray_address, workers, gpus_per_worker, conversations,
                  exclude_conversations, dataset, quiet):
     from ..encode import EmbeddingStore, Encoder

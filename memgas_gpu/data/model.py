@@ -1,7 +1,7 @@
 """The one internal data model every source loads into.
 
 ``Dataset`` → ``Conversation(id, sessions, questions)`` → ``Session(id, date, turns)``
-and ``Question(...)``.  Turn text already follows the reference rules (DESIGN.md
+and ``Question(...)``.  Turn text already follows the reference rules (docs/algorithm.md
 "Data"): each message is rendered ``[role]: content`` and consecutive messages are
 merged in pairs into one turn, so ``Session.text`` is ``"\\n".join(turns)``.
 

@@ -1,6 +1,6 @@
 """The paper's prompts: summaries, keywords, the relevance filter and the answer.
 
-The wording is MemGAS's (DESIGN.md "LLM stages"); every prompt is one user message,
+The wording is MemGAS's (the paper's prompts; docs/llm.md); every prompt is one user message,
 temperature 0. ``dialogue`` is ``"user-ai"`` (LongMemEval, Long-MT-Bench+: a user
 talking to an assistant) or ``"user-user"`` (LoCoMo: two people talking).
 """

@@ -81,6 +81,9 @@ def check_manifest(where: str, m: Any) -> None:
         for k, typ in _QUESTION.items():
             _want(where, q, k, typ, f"questions[{i}].{k}")
         _strings(where, q["evidence_session_ids"], f"questions[{i}].evidence_session_ids")
+        if "evidence_turn_ids" in q:  # optional: indexes written before turn evidence
+            _want(where, q, "evidence_turn_ids", list, f"questions[{i}].evidence_turn_ids")
+            _strings(where, q["evidence_turn_ids"], f"questions[{i}].evidence_turn_ids")
     lex = m.get("lexical")
     if lex is not None:
         _want(where, m, "lexical", dict, "lexical")

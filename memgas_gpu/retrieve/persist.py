@@ -58,6 +58,7 @@ def save_index(index, path: Union[str, os.PathLike],
                            "session_dates": c.session_dates} for c in index.conversations],
         "questions": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
+                       "evidence_turn_ids": list(q.evidence_turn_ids),
                        "is_abstention": q.is_abstention} for q in index.questions],
     }
     return write_index_dir(Path(path), {k: v.contiguous().cpu() for k, v in tensors.items()},
@@ -91,6 +92,7 @@ def _make(manifest: dict, t: dict, cls):
     questions = [Question(id=q["id"], text=q["text"], type=q["type"], date=q["date"],
                           answer=q["answer"],
                           evidence_session_ids=tuple(q["evidence_session_ids"]),
+                          evidence_turn_ids=tuple(q.get("evidence_turn_ids", ())),
                           is_abstention=q["is_abstention"]) for q in manifest["questions"]]
     lexical = None
     if manifest.get("lexical"):

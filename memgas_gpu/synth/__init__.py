@@ -1,6 +1,6 @@
 """Synthetic LongMemEval-format data: realistic chat haystacks with planted evidence.
 
-:func:`write_synthetic` streams a LongMemEval-format JSON file (see DESIGN.md
+:func:`write_synthetic` streams a LongMemEval-format JSON file (see docs/algorithm.md
 "Data") of any shape, up to and beyond LongMemEval-M (``SCALES["m"]``: 500 questions
 x 500 sessions x ~1M tokens per haystack), deterministically for a seed.  Messages
 come from a template grammar over topic vocabularies (:mod:`._text`,
