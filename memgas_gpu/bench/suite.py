@@ -32,7 +32,7 @@ from .timing import Deadline
 
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
-STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "gam")
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io", "search"), cfg, dev, stages, reference, deadline, res, tmp, log)
+            _headlines(("io", "search", "gam"), cfg, dev, stages, reference, deadline, res,
+                       tmp, log)
     finally:
         torch.set_num_threads(old_threads)
     res.meta["seconds"] = deadline.elapsed
@@ -252,6 +253,8 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
         elif stage == "io":
             recs = io_point(*cfg.io_shape, cfg.dim, tmp, rounds=cfg.rounds,
                             reference=reference, log=log)
+        elif stage == "gam":
+            recs = _gam_point(cfg, dev, tmp, log)
         elif stage == "search":
             from .stages_online import search_point
 
@@ -276,3 +279,37 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
 def scale_with(scale: str, **changes) -> SuiteScale:
     """A copy of ``SCALES[scale]`` with some fields replaced."""
     return replace(SCALES[scale], **changes)
+
+
+def _gam_point(cfg, dev, tmp, log) -> list:
+    """GAM's write and read points (encoding excluded) on a synthetic dataset of the
+    index point's shape, against the per-event reference loop, in one run."""
+    from ..data import load_dataset
+    from ..synth import write_synthetic
+    from .gam import bench_gam
+    from .timing import Record
+
+    path = os.path.join(tmp, "gam_data.json")
+    write_synthetic(path, **cfg.index_shape, progress=False)
+    ds = load_dataset(path)
+    os.unlink(path)
+    enc = make_encoder(cfg.index_encoder, dev, tmp)
+    rows = bench_gam(ds, enc, repeats=max(1, cfg.rounds))
+    size = {"conversations": len(ds), "sessions": cfg.index_shape.get("sessions")}
+    recs = []
+    for r in rows:
+        impl = "reference" if "reference" in r["name"] else "ours"
+        name = r["name"].replace(", reference loop", "")
+        if "seconds" in r:
+            rec = Record(f"gam {name}", impl, dict(size), [r["seconds"]], 1.0, "runs", "",
+                         "encoding excluded", None, None,
+                         {k: v for k, v in r.items() if k not in ("name", "seconds")})
+        else:
+            rec = Record(f"gam {name}", impl, dict(size), [r["p50_ms"] / 1e3], 1.0, "writes",
+                         "", "one utterance per call; encoding excluded", None, None,
+                         {k: v for k, v in r.items() if k != "name"})
+        recs.append(rec)
+        log(f"  gam {name:16s} {impl:9s} " + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in r.items() if k != "name"))
+    return recs
