@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memgas_gpu.ops import (build_association_graph, entropy_router,
-                            memgas_session_scores, packed_similarities, query_rows,
+                            memgas_session_scores, packed_similarities,
                             regular_packed_scores, regular_router_seeds, seed_scores)
 
 from _synth import conversation, torch_single_thread  # noqa: F401
@@ -115,12 +115,6 @@ def test_regular_packed_scores_equal_per_conversation_scores(dtype):
         ra = torch.argsort(a.masked_fill(~vb, -1), dim=1, descending=True, stable=True)
         rb = torch.argsort(b.masked_fill(~vb, -1), dim=1, descending=True, stable=True)
         assert torch.equal(ra, rb)
-
-
-def test_query_rows():
-    row, R = query_rows(torch.tensor([2, 0, 2, 1, 2, 0]))
-    assert row.tolist() == [0, 0, 1, 0, 2, 1] and R == 3
-    assert query_rows(torch.zeros(0, dtype=torch.long))[1] == 0
 
 
 def test_half_storage_is_not_rank_preserving():

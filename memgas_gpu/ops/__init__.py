@@ -11,7 +11,7 @@ from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
 from .similarity import (block_pattern, packed_reset, packed_session_sums,
-                         packed_similarities, query_rows, regular_packed_scores,
+                         packed_similarities, regular_packed_scores,
                          regular_router_seeds)
 
 __all__ = [
@@ -47,5 +47,4 @@ __all__ = [
     "packed_reset",
     "packed_session_sums",
     "regular_packed_scores",
-    "query_rows",
 ]

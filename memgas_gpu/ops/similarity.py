@@ -18,7 +18,7 @@ belongs to conversation ``q_conv[q]``. None of them loops over conversations in 
   ``[Q, G * N]`` copy, no per-node gather of the weights); equal, bit for bit, to
   ``ops.scores``' ``_route`` + :func:`~memgas_gpu.ops.scores.seed_scores`.
 * :func:`packed_reset` / :func:`packed_session_sums`: the PageRank reset rows
-  (:func:`query_rows`: the k-th query of every conversation shares row k) and the
+  (:func:`~memgas_gpu.ops.propagate.query_waves`: the k-th query of every conversation shares row k) and the
   per-session sums of the result, through flat indices (no boolean-mask indexing).
 * :func:`regular_packed_scores`: the four wired together; the same session scores as
   :func:`~memgas_gpu.ops.scores.memgas_session_scores` run conversation by conversation
@@ -33,28 +33,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .propagate import query_waves
+
 from .ppr import personalized_pagerank
 from .router import entropy_router
 
 __all__ = ["packed_similarities", "regular_router_seeds", "packed_reset",
-           "packed_session_sums", "regular_packed_scores", "block_pattern", "query_rows"]
-
-
-def query_rows(q_conv: Tensor) -> Tuple[Tensor, int]:
-    """PageRank row of each query when conversations share rows: the k-th query of every
-    conversation goes to row k (conversations never exchange mass over a block-diagonal
-    graph), so LongMemEval (one question per haystack) needs one row.
-
-    Returns:
-        ``(row [Q] int64, n_rows)``.
-    """
-    q = q_conv.to(torch.int64)
-    order = torch.argsort(q, stable=True)
-    sorted_c = q[order]
-    first = torch.searchsorted(sorted_c, sorted_c, right=False)
-    row = torch.empty_like(q)
-    row[order] = torch.arange(q.numel(), device=q.device) - first
-    return row, (int(row.max().item()) + 1 if q.numel() else 0)
+           "packed_session_sums", "regular_packed_scores", "block_pattern"]
 
 
 def block_pattern(q_conv: Tensor, conv_start: Tensor, conv_count: Tensor,
@@ -201,7 +186,7 @@ def _flat_nodes(q_row: Tensor, q_conv: Tensor, conv_start: Tensor, conv_count: T
 def packed_reset(seeds: Tensor, q_row: Tensor, n_rows: int, q_conv: Tensor,
                  conv_start: Tensor, conv_count: Tensor, n: int) -> Tensor:
     """PageRank reset ``[n_rows, n]``: query ``q``'s seeds on its conversation's nodes in
-    row ``q_row[q]`` (rows from :func:`query_rows`)."""
+    row ``q_row[q]`` (rows from :func:`~memgas_gpu.ops.propagate.query_waves`)."""
     flat = _flat_nodes(q_row, q_conv, conv_start, conv_count, n, seeds.shape[1], n_rows)
     out = torch.zeros(n_rows * n + 1, dtype=seeds.dtype, device=seeds.device)
     out.index_put_((flat.flatten(),), seeds.flatten(), accumulate=True)
@@ -248,7 +233,7 @@ def regular_packed_scores(q_emb: Tensor, q_conv: Tensor, node_emb: Tensor, conv_
     _, seeds = regular_router_seeds(sims, n_sess, n_gran, temperature=temperature,
                                     alpha=alpha, router=router, use_router=use_router)
     if use_ppr:
-        row, R = query_rows(q_conv)
+        row, R = query_waves(q_conv)
         reset = packed_reset(seeds, row, R, q_conv, conv_start, conv_count, n)
         p = personalized_pagerank(indptr, indices, reset, damping, tol, max_iter,
                                   blocks=conversation_of_node, backend=backend)
