@@ -113,9 +113,19 @@ def test_remove_session_equals_rebuild(small, minilm, store, keywords):
 def test_add_session_equals_rebuild_with_new_question_terms(small, minilm, store, keywords):
     """A question whose terms first appear in the added session matches it, as after a
     rebuild (the question terms are not frozen at build time)."""
+    from memgas_gpu.lexical import Tokenizer
+    from memgas_gpu.lexical.terms import INDEX_STOPWORDS
+
     c = small[1]
     new = c.sessions[-1]
-    probe = Question("probe", " ".join(new.turns[0].split()[1:8]), type="probe",
+    tok = Tokenizer(stopwords=INDEX_STOPWORDS)
+    seen = {t for conv in small for s in conv.sessions if s is not new for t in tok(s.text)}
+    words = [w for w in new.text.replace("\n", " ").split()
+             if tok(w) and all(t not in seen for t in tok(w))]
+    assert words, "the added session has no word of its own"
+    # only terms that first appear in the added session: unknown to the grown index's
+    # vocabulary when its questions were encoded
+    probe = Question("probe", " ".join(words[:6]), type="probe",
                      evidence_session_ids=(new.id,))
     head = Conversation(c.id, c.sessions[:-1], c.questions + [probe], c.source_summaries)
     full = Conversation(c.id, c.sessions, c.questions + [probe], c.source_summaries)
