@@ -39,7 +39,7 @@ def test_locomo_evidence_turns(locomo_list_path, tmp_path):
                 sid, j, text = pos[x]
                 assert text in sessions[sid].messages[j]
                 n += 1
-    assert n > 200
+    assert n >= len(c.questions) // 2  # most questions have evidence that was checked
     # an entry holding two references gives both turns (the session list skips it)
     rec = {"sample_id": "x", "conversation": {
         "speaker_a": "A", "speaker_b": "B",
@@ -99,8 +99,13 @@ def test_conversation_turn_ids(locomo_list_path):
     c = mg.load_dataset(locomo_list_path)[1]
     ids = conversation_turn_ids(c)
     assert len(ids) == sum(len(s.messages) for s in c.sessions)
-    assert all(t in ids for q in c.questions for t in q.evidence_turn_ids
-               if t.split(":")[0] in {s.id for s in c.sessions})
+    n_msg = {s.id: len(s.messages) for s in c.sessions}
+    # evidence naming a message the session has (a dia_id missing from the data maps past
+    # the session's end by the documented rule, and can never be recalled)
+    real = [t for q in c.questions for t in q.evidence_turn_ids
+            if int(t.rsplit(":", 1)[1]) < n_msg.get(t.rsplit(":", 1)[0], 0)]
+    assert len(real) >= len(c.questions) // 2
+    assert all(t in ids for t in real)
 
 
 def test_session_turns_of_a_session_retrieval():
