@@ -195,7 +195,7 @@ class MemoryIndex:
                  for c, k in enumerate(sizes.tolist())]
         return cls(conversations=metas, questions=[],
                    conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
-                   row_slot=torch.arange(n_rows, device=node_emb.device),
+                   row_slot=torch.arange(n_rows),  # metadata stays on the CPU
                    gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
                    q_emb=node_emb.new_zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
                    graphs={} if graph is None else {p.key(): graph}, params=p, config={})
