@@ -113,16 +113,8 @@ def test_speaker_signal_is_bm25_with_the_named_speakers_messages_repeated(locomo
         named = named_speakers(conv.questions[i].text, names)
         if sum(named) != 1:
             continue
-        who_named = names[named.index(True)]
-        docs = [[x for who, text in split_messages(t)
-                 for x in tok(f"{who} {text}") * (2 if who == who_named else 1)]
-                for s in conv.sessions for t in s.turns]
-        r = bm25s.BM25()
-        r.index(docs, show_progress=False)
-        qt = [x for x in tok(conv.questions[i].text) if x in r.vocab_dict]
-        sc = r.get_scores(qt) if qt else np.zeros(len(docs))
-        best = np.zeros(len(conv.sessions))
-        np.maximum.at(best, owner, sc)
+        best = _bm25s_best_turn(bm25s, tok, conv, conv.questions[i].text,
+                                names[named.index(True)], 2, owner)
         np.testing.assert_allclose(got[i, :len(conv.sessions)].numpy(), best, rtol=1e-4,
                                    atol=1e-4)
         checked += 1
@@ -152,15 +144,21 @@ def test_engine_speaker_cue_equals_bm25s_with_the_named_speaker_repeated(locomo_
         if sum(named) != 1:
             assert torch.equal(cue.scores[i], plain.scores[i])
             continue
-        who_named = names[named.index(True)]
-        docs = [[x for who, text in split_messages(t)
-                 for x in tok(f"{who} {text}") * (3 if who == who_named else 1)]
-                for s in conv.sessions for t in s.turns]
-        r = bm25s.BM25()
-        r.index(docs, show_progress=False)
-        qt = [x for x in tok(q.text) if x in r.vocab_dict]
-        best = np.zeros(n)
-        np.maximum.at(best, owner, r.get_scores(qt) if qt else np.zeros(len(docs)))
+        best = _bm25s_best_turn(bm25s, tok, conv, q.text, names[named.index(True)], 3, owner)
         np.testing.assert_allclose(cue.scores[i, :n].numpy(), best, rtol=1e-4, atol=1e-4)
         named_any += 1
     assert named_any >= 20
+
+
+def _bm25s_best_turn(bm25s, tok, conv, question, who_named, times, owner):
+    """The oracle: bm25s over the conversation's turns in which ``who_named``'s message
+    tokens appear ``times`` times; the best turn of each session."""
+    docs = [[x for who, text in split_messages(t)
+             for x in tok(f"{who} {text}") * (times if who == who_named else 1)]
+            for s in conv.sessions for t in s.turns]
+    r = bm25s.BM25()
+    r.index(docs, show_progress=False)
+    qt = [x for x in tok(question) if x in r.vocab_dict]
+    best = np.zeros(len(conv.sessions))
+    np.maximum.at(best, owner, r.get_scores(qt) if qt else np.zeros(len(docs)))
+    return best
