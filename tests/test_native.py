@@ -265,7 +265,6 @@ def test_read_path_matches_torch():
     a = memgas_session_scores(q, E, s, gr, indptr, indices, backend="torch")
     b = memgas_session_scores(q, E, s, gr, indptr, indices, backend="native")
     assert (a - b).abs().max() <= 1e-12
-    conv = torch.zeros(len(E), dtype=torch.int64)
     qc = torch.zeros(len(q), dtype=torch.int64)
     from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
     from memgas_gpu.retrieve.engine import score

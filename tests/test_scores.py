@@ -100,7 +100,7 @@ def _packed_case():
 def packed_scores(Q, qconv, E, sizes, graph, device="cpu", **kw):
     """The engine's memgas preset over packed conversations (``kw``: the op's ablation
     flags, mapped onto settings)."""
-    from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
+    from memgas_gpu.retrieve import MemoryIndex, QueryBatch
     from memgas_gpu.retrieve.engine import resolve, score
 
     settings = {"alpha": kw.get("alpha")}

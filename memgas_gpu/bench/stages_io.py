@@ -104,7 +104,8 @@ def encode_point(enc, texts: list[str], *, rounds: int = 1, reference: bool = Tr
 def make_index(n_conv: int, n_sessions: int, dim: int, degree: int = 20, seed: int = 0):
     """A :class:`MemoryIndex` of random tensors (every session distinct) for I/O timing."""
     from ..data.model import Question
-    from ..retrieve.index import ConversationMeta, GraphParams, MemoryIndex
+    from ..retrieve.index import MemoryIndex
+    from ..retrieve.meta import ConversationMeta, GraphParams
 
     g = torch.Generator().manual_seed(seed)
     rows = n_conv * n_sessions

@@ -24,7 +24,7 @@ def search_index(n_sessions: int, enc, seed: int = 0):
     from ..expand import expand_dataset
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
-    from ..retrieve.index import build_graph
+    from ..retrieve.graphs import build_graph
     from ..retrieve.meta import ConversationMeta, GraphParams
     from ..synth import write_synthetic
 

@@ -173,7 +173,7 @@ class RayEncoder:
 def ray_graph_mapper(max_retries: int = 3):
     """A ``mapper`` for :func:`memgas_gpu.retrieve.index.build_graph`: chunks as tasks."""
     ray = require_ray()
-    from ..retrieve.index import graph_chunk
+    from ..retrieve.graphs import graph_chunk
 
     task = ray.remote(max_retries=max_retries)(graph_chunk)
 

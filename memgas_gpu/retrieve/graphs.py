@@ -16,11 +16,15 @@ from dataclasses import replace
 from typing import Optional
 
 import torch
+from torch import Tensor
 
 from .. import ops
 from ..granularity import CODES, N_GRAN, expand_ranges
+from ..progress import Progress
+from .meta import GraphParams
 
-__all__ = ["read_graph", "lexical_graph", "empty_graph"]
+__all__ = ["read_graph", "lexical_graph", "empty_graph", "build_graph", "graph_chunk",
+           "edges_of"]
 
 
 def empty_graph(n_nodes: int) -> tuple:
@@ -104,3 +108,70 @@ def lexical_graph(index, m: int = 30, skip_sessions: Optional[int] = None,
     e = torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long)
     lex.graphs[key] = ops.symmetric_csr(e, index.n_rows * N_GRAN)
     return lex.graphs[key]
+
+
+def graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
+                 device: str) -> tuple[Tensor, Tensor]:
+    """Association graph of consecutive whole conversations (``sizes`` sessions each)."""
+    dev = torch.device(device)
+    node_emb = node_emb.to(dev)
+    conv_of_row = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    sess = torch.arange(int(sum(sizes))).repeat_interleave(N_GRAN).to(dev)
+    conv = conv_of_row.repeat_interleave(N_GRAN).to(dev)
+    if params.rule not in ("gmm", "topk"):
+        raise ValueError(f"unknown graph rule {params.rule!r} (use 'gmm' or 'topk')")
+    gmm = params.rule == "gmm"
+    ip, ix = ops.build_association_graph(node_emb, sess, m=params.m if gmm else params.topk,
+                                         skip_sessions=params.skip_sessions,
+                                         conversation_of_node=conv,
+                                         accept="gmm" if gmm else "all")
+    return ip.cpu(), ix.cpu()
+
+
+def _serial_map(fn, arg_lists):
+    return (fn(*args) for args in arg_lists)
+
+
+def build_graph(index, params: GraphParams, device: Optional[str] = None,
+                max_nodes_per_chunk: int = 1 << 17, progress: Optional[bool] = None,
+                mapper=None) -> tuple[Tensor, Tensor]:
+    """Block-diagonal association graph of all conversations.
+
+    Conversations are grouped into chunks of whole conversations (at most
+    ``max_nodes_per_chunk`` nodes unless one conversation is larger) so memory stays
+    bounded at LongMemEval-M scale; each chunk is independent, and ``mapper(fn,
+    arg_lists)`` (default: in order, in this process; the Ray backend passes parallel
+    tasks) must yield their results in order.
+    """
+    dev = str(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    offs = index.conv_offsets.tolist()
+    chunks = []
+    c = 0
+    while c < index.n_conversations:
+        c_end = c + 1
+        while (c_end < index.n_conversations
+               and (offs[c_end + 1] - offs[c]) * N_GRAN <= max_nodes_per_chunk):
+            c_end += 1
+        chunks.append((c, c_end))
+        c = c_end
+    args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
+             [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
+    bar = Progress(index.n_rows, f"graph ({params.key()})", unit="session", enabled=progress)
+    indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
+    nnz = 0
+    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
+        indptr_parts.append(ip[1:] + nnz)
+        index_parts.append(ix + offs[a] * N_GRAN)
+        nnz += int(ix.numel())
+        bar.update(offs[b] - offs[a])
+    bar.close()
+    indptr = torch.cat(indptr_parts)
+    indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)
+    return indptr, indices
+
+
+def edges_of(graph) -> Tensor:
+    """``[2, nnz]`` (source, target) of a CSR graph."""
+    indptr, indices = graph
+    src = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
+    return torch.stack([src, indices])

@@ -17,7 +17,6 @@ docs/architecture.md follows a dataset file to a ranking through these modules.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -27,9 +26,9 @@ from .. import ops
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.granularity import expand_dataset
-from ..granularity import N_GRAN, expand_ranges
-from ..progress import Progress
+from ..granularity import N_GRAN
 from .embed import embed_sessions, encode_unique
+from .graphs import build_graph, edges_of, graph_chunk
 from .meta import ConversationMeta, GraphParams
 from .texts import TextTable
 
@@ -332,7 +331,7 @@ class MemoryIndex:
         """``graph`` with row ``r`` (the new last session of conversation ``ci``) linked:
         only its nodes get new edges, as in a rebuild."""
         a, b = int(self.conv_offsets[ci]), int(self.conv_offsets[ci + 1])
-        old = _edges(graph)
+        old = edges_of(graph)
         old = torch.where(old >= r * N_GRAN, old + N_GRAN, old)  # later conversations shift
         emb = self.node_embeddings(torch.arange(a, b))
         sess = torch.arange(b - a).repeat_interleave(N_GRAN)
@@ -375,14 +374,14 @@ class MemoryIndex:
             self._drop_slot(slot)
         b = int(self.conv_offsets[ci + 1])
         for key in list(self.graphs):
-            old = _edges(self.graphs[key])
+            old = edges_of(self.graphs[key])
             lo, hi = a * N_GRAN, (b + 1) * N_GRAN  # the block before removal
             keep = ((old[0] < lo) | (old[0] >= hi)) & ((old[1] < lo) | (old[1] >= hi))
             old = old[:, keep]
             old = torch.where(old >= hi, old - N_GRAN, old)
             ip, ix = graph_chunk(self.node_embeddings(torch.arange(a, b)), [b - a],
                                  GraphParams.from_key(key, self.params), "cpu")
-            block = _edges((ip, ix)) + a * N_GRAN
+            block = edges_of((ip, ix)) + a * N_GRAN
             self.graphs[key] = ops.symmetric_csr(torch.cat([old, block], 1),
                                                  self.n_rows * N_GRAN)
         if self.lexical is not None:
@@ -456,73 +455,6 @@ class MemoryIndex:
         if key not in self.graphs:
             self.graphs[key] = build_graph(self, params, device=device)
         return self.graphs[key]
-
-
-def graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
-                 device: str) -> tuple[Tensor, Tensor]:
-    """Association graph of consecutive whole conversations (``sizes`` sessions each)."""
-    dev = torch.device(device)
-    node_emb = node_emb.to(dev)
-    conv_of_row = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
-    sess = torch.arange(int(sum(sizes))).repeat_interleave(N_GRAN).to(dev)
-    conv = conv_of_row.repeat_interleave(N_GRAN).to(dev)
-    if params.rule not in ("gmm", "topk"):
-        raise ValueError(f"unknown graph rule {params.rule!r} (use 'gmm' or 'topk')")
-    gmm = params.rule == "gmm"
-    ip, ix = ops.build_association_graph(node_emb, sess, m=params.m if gmm else params.topk,
-                                         skip_sessions=params.skip_sessions,
-                                         conversation_of_node=conv,
-                                         accept="gmm" if gmm else "all")
-    return ip.cpu(), ix.cpu()
-
-
-def _serial_map(fn, arg_lists):
-    return (fn(*args) for args in arg_lists)
-
-
-def build_graph(index: MemoryIndex, params: GraphParams, device: Optional[str] = None,
-                max_nodes_per_chunk: int = 1 << 17, progress: Optional[bool] = None,
-                mapper=None) -> tuple[Tensor, Tensor]:
-    """Block-diagonal association graph of all conversations.
-
-    Conversations are grouped into chunks of whole conversations (at most
-    ``max_nodes_per_chunk`` nodes unless one conversation is larger) so memory stays
-    bounded at LongMemEval-M scale; each chunk is independent, and ``mapper(fn,
-    arg_lists)`` (default: in order, in this process; the Ray backend passes parallel
-    tasks) must yield their results in order.
-    """
-    dev = str(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
-    offs = index.conv_offsets.tolist()
-    chunks = []
-    c = 0
-    while c < index.n_conversations:
-        c_end = c + 1
-        while (c_end < index.n_conversations
-               and (offs[c_end + 1] - offs[c]) * N_GRAN <= max_nodes_per_chunk):
-            c_end += 1
-        chunks.append((c, c_end))
-        c = c_end
-    args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
-             [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
-    bar = Progress(index.n_rows, f"graph ({params.key()})", unit="session", enabled=progress)
-    indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
-    nnz = 0
-    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
-        indptr_parts.append(ip[1:] + nnz)
-        index_parts.append(ix + offs[a] * N_GRAN)
-        nnz += int(ix.numel())
-        bar.update(offs[b] - offs[a])
-    bar.close()
-    indptr = torch.cat(indptr_parts)
-    indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)
-    return indptr, indices
-
-
-def _edges(graph) -> Tensor:
-    """``[2, nnz]`` (source, target) of a CSR graph."""
-    indptr, indices = graph
-    src = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
-    return torch.stack([src, indices])
 
 
 def _encoder_source(encoder) -> Optional[dict]:
