@@ -171,7 +171,7 @@ class RayEncoder:
 
 
 def ray_graph_mapper(max_retries: int = 3):
-    """A ``mapper`` for :func:`memgas_gpu.retrieve.index.build_graph`: chunks as tasks."""
+    """A ``mapper`` for :func:`memgas_gpu.retrieve.graphs.build_graph`: chunks as tasks."""
     ray = require_ray()
     from ..retrieve.graphs import graph_chunk
 
