@@ -102,42 +102,72 @@ class SpeakerData:
 
 def build_speaker_data(index, dataset) -> SpeakerData:
     """:class:`SpeakerData` of ``index`` (built from ``dataset``, same conversations)."""
-    from ..lexical import TermMatrix
-
-    lex = index.lexical
-    if lex is None:
+    if index.lexical is None:
         raise ValueError("the speaker cue needs an index built with lexical=True")
-    ids, rows, turns, spk, speakers = [], [], [], [], []
-    tptr = lex.doc_ptr["T"]
-    for ci, meta in enumerate(index.conversations):
+
+    def sessions(ci):
+        meta = index.conversations[ci]
         conv = dataset.get(meta.id)
         if conv is None or [s.id for s in conv.sessions] != meta.session_ids:
             raise ValueError(f"dataset {dataset.source!r} does not match the index at "
                              f"conversation {meta.id!r}")
+        return [s.turns for s in conv.sessions]
+
+    data = _message_data(index, range(index.n_conversations), sessions)
+    speakers = data.speakers
+    named = torch.zeros(len(index.questions), data.named.shape[1], dtype=torch.bool)
+    for qi, q in enumerate(index.questions):
+        names = speakers[int(index.q_conv[qi])]
+        if names:
+            named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
+    data.named = named
+    return data
+
+
+def _message_data(index, conversations, session_turns) -> SpeakerData:
+    """:class:`SpeakerData` of ``conversations`` (``session_turns(c)``: the turn texts of
+    each of conversation ``c``'s sessions, in order); ``named`` is left empty
+    (``[0, P]``) and ``speakers`` is ``[]`` for the conversations not asked for."""
+    from ..lexical import TermMatrix
+
+    lex = index.lexical
+    tptr = lex.doc_ptr["T"]
+    ids, rows, turns, spk = [], [], [], []
+    speakers: list = [[] for _ in range(index.n_conversations)]
+    offs = index.conv_offsets.tolist()
+    for ci in conversations:
         names: list[str] = []
-        base = int(index.conv_offsets[ci])
-        for si, s in enumerate(conv.sessions):
-            first = int(tptr[int(index.row_slot[base + si])])
-            for ti, t in enumerate(s.turns):
+        for r, session in zip(range(offs[ci], offs[ci + 1]), session_turns(ci)):
+            first = int(tptr[int(index.row_slot[r])])
+            for ti, t in enumerate(session):
                 for who, text in split_messages(t):
                     if who and who not in names:
                         names.append(who)
                     ids.append(lex.vocab.encode(lex.tokenizer.tokens(f"{who} {text}"),
                                                 grow=False))
-                    rows.append(base + si)
+                    rows.append(r)
                     turns.append(first + ti)
                     spk.append(names.index(who) if who else -1)
-        speakers.append(names)
-    P = max((len(n) for n in speakers), default=0)
-    named = torch.zeros(len(index.questions), P, dtype=torch.bool)
-    for qi, q in enumerate(index.questions):
-        names = speakers[int(index.q_conv[qi])]
-        if names:
-            named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
+        speakers[ci] = names
     long = torch.long
+    P = max((len(n) for n in speakers), default=0)
     return SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=long),
                        torch.tensor(turns, dtype=long), torch.tensor(spk, dtype=long),
-                       speakers, named)
+                       speakers, torch.zeros(0, P, dtype=torch.bool))
+
+
+def _best_turn_scores(weights: "SpeakerBM25", variant: int, q_terms, q_conv: Tensor,
+                      n_max: int) -> Tensor:
+    """``[len(q_conv), n_max]``: each query's best document per session under the
+    speaker variant ``variant``'s BM25 weights (0 where no term matches)."""
+    dev = weights.doc_pos.device
+    W, key = weights.weights[variant]
+    qm = q_terms.to(dev)
+    S = bm25_scores(W, key, weights.n_terms, qm.indptr, qm.indices, qm.tf, q_conv.to(dev))
+    q, d = S.indices()
+    out = torch.zeros(q_conv.numel(), n_max, dtype=torch.float32, device=dev)
+    out.view(-1).scatter_reduce_(0, q * n_max + weights.doc_pos[d], S.values().float(), "amax")
+    return out
 
 
 @dataclass
@@ -213,14 +243,9 @@ def speaker_signal(index, data: SpeakerData, questions: Tensor,
     named = data.named[qi]
     variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
     for v in torch.unique(variant).tolist():
-        W, key = weights.weights[v]
         sel = torch.nonzero(variant == v).squeeze(1)
-        qm = index.lexical.queries.rows(qi[sel]).to(dev)
-        S = bm25_scores(W, key, weights.n_terms, qm.indptr, qm.indices, qm.tf,
-                        conv[sel].to(dev))
-        q, d = S.indices()
-        flat = sel.to(dev)[q] * n_max + weights.doc_pos[d]
-        out.view(-1).scatter_reduce_(0, flat, S.values().float(), "amax")
+        out[sel.to(dev)] = _best_turn_scores(weights, v, index.lexical.queries.rows(qi[sel]),
+                                             conv[sel], n_max)
     return out
 
 
@@ -375,41 +400,21 @@ def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
                          layout.valid)
 
 
-def speaker_data_of(index, conversations: Sequence[int]) -> tuple[SpeakerData, list]:
+def speaker_data_of(index, conversations: Sequence[int]) -> SpeakerData:
     """:class:`SpeakerData` of some conversations of ``index``, read from its stored turn
-    texts (no dataset needed), and their speaker names (``names[c]`` per conversation
-    index; conversations not asked for get ``[]``)."""
-    from ..lexical import TermMatrix
-
-    lex = index.lexical
-    if lex is None or index.turn_text is None:
+    texts (no dataset needed); ``speakers[c]`` is ``[]`` for the conversations not
+    asked for."""
+    if index.lexical is None or index.turn_text is None:
         raise ValueError("the speaker cue needs an index built with lexical=True and "
                          "keep_text=True (it reads the turns' speakers)")
-    tptr = lex.doc_ptr["T"]
-    ids, rows, turns, spk = [], [], [], []
-    names_of: list = [[] for _ in range(index.n_conversations)]
+    ptr = index.turn_ptr.tolist()
     offs = index.conv_offsets.tolist()
-    for ci in conversations:
-        names: list[str] = []
-        for r in range(offs[ci], offs[ci + 1]):
-            slot = int(index.row_slot[r])
-            first, t0 = int(tptr[slot]), int(index.turn_ptr[slot])
-            for ti in range(int(index.turn_ptr[slot + 1]) - t0):
-                for who, text in split_messages(index.turn_text[t0 + ti]):
-                    if who and who not in names:
-                        names.append(who)
-                    ids.append(lex.vocab.encode(lex.tokenizer.tokens(f"{who} {text}"),
-                                                grow=False))
-                    rows.append(r)
-                    turns.append(first + ti)
-                    spk.append(names.index(who) if who else -1)
-        names_of[ci] = names
-    long = torch.long
-    data = SpeakerData(TermMatrix.from_ids(ids), torch.tensor(rows, dtype=long),
-                       torch.tensor(turns, dtype=long), torch.tensor(spk, dtype=long),
-                       names_of, torch.zeros(0, max((len(n) for n in names_of), default=0),
-                                             dtype=torch.bool))
-    return data, names_of
+
+    def sessions(ci):
+        slots = index.row_slot[offs[ci]:offs[ci + 1]].tolist()
+        return [index.turn_text.strings(range(ptr[j], ptr[j + 1])) for j in slots]
+
+    return _message_data(index, conversations, sessions)
 
 
 def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, layout,
@@ -442,22 +447,13 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
     pick = sorted({int(conv[j]) for j in torch.nonzero(variant >= 0).squeeze(1).tolist()})
     if not pick:
         return out
-    data, _ = speaker_data_of(index, pick)
-    P = int(variant.max()) + 1
-    data.named = torch.zeros(0, P, dtype=torch.bool)
+    data = speaker_data_of(index, pick)
+    data.named = torch.zeros(0, int(variant.max()) + 1, dtype=torch.bool)
     w = speaker_bm25(index, data, gamma, "T", k1, b, method, str(dev))
-    n_max = layout.n_max
-    for v in range(P):
+    for v in torch.unique(variant[variant >= 0]).tolist():
         sel = torch.nonzero(variant == v).squeeze(1)
-        if not sel.numel():
-            continue
-        W, key = w.weights[v]
-        qm = q_terms.rows(sel).to(dev)
-        S = bm25_scores(W, key, w.n_terms, qm.indptr, qm.indices, qm.tf, conv[sel].to(dev))
-        q, d = S.indices()
-        blk = torch.zeros(sel.numel(), n_max, dtype=torch.float32, device=dev)
-        blk.view(-1).scatter_reduce_(0, q * n_max + w.doc_pos[d], S.values().float(), "amax")
-        out[sel.to(dev)] = blk
+        out[sel.to(dev)] = _best_turn_scores(w, v, q_terms.rows(sel), conv[sel],
+                                             layout.n_max)
     return out
 
 
