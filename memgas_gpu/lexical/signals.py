@@ -16,9 +16,10 @@ device) and cached on the lexical index (``LexicalIndex.score_cache``): the post
 lists of every (conversation, term) with their ``idf · tfc`` weights under that
 conversation's statistics, as ``bm25s`` stores per index. Scoring all questions is then
 one key lookup, one gather of the touched postings and one scatter per signal
-(:func:`memgas_gpu.ops.bm25.bm25_gather`). The cache is rebuilt when the index's
-conversation layout changes (sessions added or removed) and dropped by
-``LexicalIndex.invalidate()``.
+(:func:`memgas_gpu.ops.bm25.bm25_gather`). A memory index gives every view of its
+conversations its own lexical index (:mod:`memgas_gpu.retrieve.segments`), so the
+postings of one conversation are built once per version of it; the cache also
+rebuilds itself when the layout it was built for changed.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
     got = lex.score_cache.get(key)
     if got is not None and got.matches(index):
         return got
-    V = len(lex.vocab)
+    V = lex.n_terms
     offs = index.conv_offsets
     ptr = lex.doc_ptr[granularity]
     parts, n_docs = [], 0

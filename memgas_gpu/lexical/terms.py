@@ -69,39 +69,41 @@ class TermMatrix:
 
 
 class LexicalIndex:
-    """Tokenised documents of every distinct session of a :class:`MemoryIndex`, and its
-    questions.
+    """Tokenised documents of the distinct sessions of a memory index, and its questions.
+
+    A memory index shares one tokenizer, vocabulary and question-term matrix between
+    the lexical indexes of its views (:mod:`memgas_gpu.retrieve.segments`); each view
+    has its own documents and derived caches.
 
     Attributes:
         tokenizer: the :class:`Tokenizer` used (its settings are persisted).
-        vocab: the term vocabulary.
+        vocab: the term vocabulary (grows as sessions are added).
+        n_terms: the vocabulary size these documents were taken at: every document term
+            id is below it, and query terms at or above it (added later by a writer)
+            match nothing here.
         docs: per granularity (``"S"``, ``"T"``, ``"U"``, ``"K"``) a :class:`TermMatrix`
             over documents; the documents of distinct session ``slot`` are rows
             ``doc_ptr[g][slot]:doc_ptr[g][slot+1]`` (one for S, U, K; one per turn for T).
         doc_ptr: per granularity ``[D+1]`` int64.
         queries: a :class:`TermMatrix` with one row per question of the index.
         score_cache: derived BM25 postings per (granularity, setting, device), built on
-            first use by :func:`memgas_gpu.lexical.lexical_postings` (not persisted);
-            cleared by :meth:`invalidate`.
+            first use by :func:`memgas_gpu.lexical.lexical_postings` (not persisted).
+        graphs: lexical association graphs, built on first use (not persisted).
     """
 
     def __init__(self, tokenizer: Tokenizer, vocab: Vocabulary, docs: dict, doc_ptr: dict,
-                 queries: TermMatrix) -> None:
+                 queries: TermMatrix, n_terms: Optional[int] = None) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab
+        self.n_terms = len(vocab) if n_terms is None else int(n_terms)
         self.docs = docs
         self.doc_ptr = doc_ptr
         self.queries = queries
-        #: lexical association graphs, built on first use (not persisted)
         self.graphs: dict = {}
-        #: BM25 postings, built on first use (not persisted); see invalidate()
         self.score_cache: dict = {}
 
     def invalidate(self) -> None:
-        """Drop everything derived from the documents and the index layout (BM25
-        postings, lexical graphs). Call it after adding or removing sessions; the
-        postings also rebuild by themselves when the conversation layout they were built
-        for changed."""
+        """Drop everything derived from the documents (BM25 postings, lexical graphs)."""
         self.graphs.clear()
         self.score_cache.clear()
 
@@ -124,34 +126,12 @@ class LexicalIndex:
         queries = TermMatrix.from_ids([vocab.encode(tok.tokens(q)) for q in questions])
         return cls(tok, vocab, docs, ptr, queries)
 
-    def append_session(self, session, summary: str, keywords: str) -> None:
-        """Add one distinct session (the next slot); the caller re-encodes its
-        questions (:meth:`set_queries`) so that terms first seen here match."""
-        tok = self.tokenizer
-        self.invalidate()
-        new = {"S": [session.text], "T": list(session.turns), "U": [summary], "K": [keywords]}
-        for g, texts in new.items():
-            m = TermMatrix.from_ids([self.vocab.encode(tok.tokens(t)) for t in texts])
-            self.docs[g] = self.docs[g].cat(m)
-            self.doc_ptr[g] = torch.cat([self.doc_ptr[g], self.doc_ptr[g][-1:] + len(texts)])
-
-    def remove_slot(self, slot: int) -> None:
-        """Remove the documents of distinct session ``slot`` (later slots move down)."""
-        self.invalidate()
-        for g in LEXICAL_GRANULARITIES:
-            ptr = self.doc_ptr[g]
-            a, b = int(ptr[slot]), int(ptr[slot + 1])
-            self.docs[g] = self.docs[g].drop_rows(a, b)
-            self.doc_ptr[g] = torch.cat([ptr[:slot + 1], ptr[slot + 2:] - (b - a)])
-
-    def set_queries(self, texts: Sequence[str]) -> None:
-        """Re-tokenise the index's questions (every term gets an id)."""
-        self.queries = self.encode_queries(texts, grow=True)
-
-    def encode_queries(self, texts: Sequence[str], grow: bool = False) -> TermMatrix:
-        """Term counts of query texts; terms unknown to the index are dropped (they
-        match nothing) unless ``grow``."""
-        return TermMatrix.from_ids([self.vocab.encode(self.tokenizer.tokens(t), grow=grow)
+    def encode_queries(self, texts: Sequence[str]) -> TermMatrix:
+        """Term counts of query texts; terms no document here has are dropped (they
+        match nothing)."""
+        n = self.n_terms
+        return TermMatrix.from_ids([[i for i in self.vocab.encode(self.tokenizer.tokens(t),
+                                                                  grow=False) if i < n]
                                     for t in texts])
 
     # ------------------------------------------------------------------ persistence

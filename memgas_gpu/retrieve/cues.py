@@ -23,6 +23,7 @@ no question date to anchor them, and dateutil is small and already in the enviro
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -205,7 +206,7 @@ def speaker_bm25(index, data: SpeakerData, gamma: float = 1.0, granularity: str 
     m = data.docs
     part = torch.repeat_interleave(torch.arange(m.n_rows), m.indptr[1:] - m.indptr[:-1])
     nnz_doc, spk = doc[part], data.msg_speaker[part]
-    V = len(index.lexical.vocab)
+    V = index.lexical.n_terms
     out = {}
     for v in [-1] + list(range(data.named.shape[1])):
         w = torch.ones(part.numel()) if v < 0 else 1 + gamma * (spk == v).float()
@@ -275,11 +276,13 @@ _NUM = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "
 _UNIT = {"day": 1, "week": 7, "month": 30, "year": 365}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_date(text: str) -> Optional[date]:
-    """A timestamp string → its date (``None`` when empty or unreadable)."""
+    """A timestamp string → its date (``None`` when empty or unreadable).  Remembered per
+    string: a conversation's dates are read again by every view of it."""
     from dateutil import parser
 
-    if not text or not text.strip():
+    if not isinstance(text, str) or not text or not text.strip():
         return None
     try:
         return parser.parse(text, fuzzy=True).date()
@@ -359,21 +362,30 @@ def time_tensors(index) -> tuple[Tensor, Tensor, Tensor]:
     return torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), torch.tensor(sess, dtype=f)
 
 
+def _cached(index, name: str, build):
+    """``build()``, kept in the index view's derived-data cache (one home for derived
+    data: :mod:`memgas_gpu.retrieve.cache`); computed every time without one."""
+    cache = getattr(index, "cache", None)
+    if cache is None:
+        return build()
+    got = cache.get(name)
+    if got is None:
+        got = cache[name] = build()
+    return got
+
+
 def _session_days(index) -> list:
-    """Per conversation: its session dates in days (NaN: unreadable) and its latest date;
-    cached on the index per version (add/remove_session change it)."""
-    key = getattr(index, "version", 0)
-    cache = getattr(index, "_cue_days", None)
-    if cache is None or cache[0] != key:
+    """Per conversation: its session dates in days (NaN: unreadable) and its latest date."""
+    def build():
         out = []
         for meta in index.conversations:
             ds = [parse_date(d) for d in meta.session_dates]
             known = [d for d in ds if d]
             out.append(([_days(d) if d else float("nan") for d in ds],
                         max(known) if known else None))
-        cache = (key, out)
-        index._cue_days = cache
-    return cache[1]
+        return out
+
+    return _cached(index, "cue_days", build)
 
 
 def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
@@ -459,13 +471,8 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
 
 def _speakers(index, conversations: Sequence[int]) -> list:
     """Speaker names per conversation index (from the ``[name]:`` prefixes of its turns),
-    cached on the index per version."""
-    key = getattr(index, "version", 0)
-    cache = getattr(index, "_cue_speakers", None)
-    if cache is None or cache[0] != key:
-        cache = (key, {})
-        index._cue_speakers = cache
-    got = cache[1]
+    cached with the index view."""
+    got = _cached(index, "cue_speakers", dict)
     offs = index.conv_offsets.tolist()
     for ci in conversations:
         if ci in got:

@@ -36,7 +36,8 @@ def encode_unique(encoder: Any, texts: Sequence[str], store: Any = None,
         emb = store.encode(encoder, unique, progress=progress)
         encoded = getattr(store, "n_encoded", len(unique))
     else:
-        emb = encoder.encode(unique, progress=progress) if unique else torch.empty(0, 0)
+        emb = (encoder.encode(unique, progress=progress) if unique
+               else torch.zeros(0, int(getattr(encoder, "dim", 0))))
         encoded = len(unique)
     emb = emb.float()
     idx = torch.tensor(inverse, dtype=torch.long)

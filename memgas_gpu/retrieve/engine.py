@@ -36,7 +36,7 @@ from ..ops.normalise import NORMS
 from .signals import (SIGNALS, QueryBatch, SignalContext, compute_signals, query_layout,
                       signal_nodes)
 
-__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
+__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
            "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError", "SettingsError", "resolve", "read_path",
            "score", "auto_signals"]
 
@@ -176,6 +176,9 @@ PRESETS: dict[str, ReadParams] = {
                                 fusion="sum", speaker_gamma=1.0, time_beta=2.0),
 }
 METHODS = tuple(PRESETS)
+#: the method of ``retrieve``, ``search``, ``MemoryIndex.search`` and the CLI when none
+#: is named
+DEFAULT_METHOD = "memgas_hybrid"
 _FIELDS = {f.name for f in fields(ReadParams)}
 
 
@@ -214,10 +217,15 @@ def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
         p = replace(p, signals=sig)
         info = {"signals": "auto", "resolved": "+".join(sig), "reason": why}
     if (p.speaker_gamma and "bm25_Tmax" in p.signals and index is not None
-            and getattr(index, "turn_text", None) is None):
+            and not _keeps_text(index)):
         p = replace(p, speaker_gamma=0.0)
         info["speaker_gamma"] = "off: the index keeps no turn texts (built with keep_text=False)"
     return p, info
+
+
+def _keeps_text(index) -> bool:
+    keeps = getattr(index, "keeps_text", None)
+    return keeps if keeps is not None else getattr(index, "turn_text", None) is not None
 
 
 def read_path(x: Tensor, valid: Tensor, p: ReadParams, *, node_of_signal: Sequence[int],
@@ -286,12 +294,25 @@ def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
     from .graphs import read_graph
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    index, batch = batch_view(index, batch)
     lay = query_layout(index.conv_offsets, batch.q_conv)
     ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,
                         p.speaker_gamma)
     x = compute_signals(ctx, p.signals)
     cue = time_cue(index, batch, lay, dev) if p.time_beta else None
     return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend, cue)
+
+
+def batch_view(index, batch: QueryBatch) -> tuple:
+    """``(view, batch)``: for a :class:`~memgas_gpu.retrieve.MemoryIndex`, the packed view
+    of the conversations the batch asks about (one state, cached) and the batch with
+    conversation positions in that view; anything else is returned as it is."""
+    if not hasattr(index, "view"):
+        return index, batch
+    state = index.state()
+    conv = batch.q_conv.to(torch.int64).cpu()
+    view = index.view(torch.unique(conv).tolist(), state=state)
+    return view, replace(batch, q_conv=torch.searchsorted(view.conv, conv))
 
 
 def time_cue(index, batch: QueryBatch, lay, dev) -> Optional[Tensor]:
@@ -314,9 +335,14 @@ def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
     _refuse_non_finite(x, valid[:, None, :].expand_as(x), "signal values")
     blocks = None
     if graph is not None:
-        sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
-        blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
-                                         sizes).repeat_interleave(N_GRAN)
+        cache = getattr(index, "cache", None)
+        blocks = cache.get("node_blocks") if cache is not None else None
+        if blocks is None:
+            sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+            blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
+                                             sizes).repeat_interleave(N_GRAN)
+            if cache is not None:
+                cache["node_blocks"] = blocks
     s = read_path(x, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
                   node_base=lay.start * N_GRAN, query_conversation=lay.conv, blocks=blocks,
                   backend=backend)

@@ -24,7 +24,7 @@ from ..progress import Progress
 from .meta import GraphParams
 
 __all__ = ["read_graph", "lexical_graph", "empty_graph", "build_graph", "graph_chunk",
-           "edges_of"]
+           "edges_of", "candidates"]
 
 
 def empty_graph(n_nodes: int) -> tuple:
@@ -103,7 +103,8 @@ def lexical_graph(index, m: int = 30, skip_sessions: Optional[int] = None,
             vecs.append(torch.nn.functional.normalize(per_row, dim=1))
         emb = torch.stack(vecs, 1).reshape(nr * N_GRAN, Vc).to(dev)
         sess = torch.arange(nr).repeat_interleave(N_GRAN).to(dev)
-        e = ops.association_edges(emb, sess, m=m, skip_sessions=skip, accept="gmm")
+        e = ops.association_edges(emb, sess, m=max(1, min(m, nr * N_GRAN)),
+                                  skip_sessions=skip, accept="gmm")
         edges.append(e.cpu() + offs[c] * N_GRAN)
     e = torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long)
     lex.graphs[key] = ops.symmetric_csr(e, index.n_rows * N_GRAN)
@@ -121,11 +122,20 @@ def graph_chunk(node_emb: Tensor, sizes: list[int], params: GraphParams,
     if params.rule not in ("gmm", "topk"):
         raise ValueError(f"unknown graph rule {params.rule!r} (use 'gmm' or 'topk')")
     gmm = params.rule == "gmm"
-    ip, ix = ops.build_association_graph(node_emb, sess, m=params.m if gmm else params.topk,
+    ip, ix = ops.build_association_graph(node_emb, sess,
+                                         m=candidates(params, node_emb.shape[0]),
                                          skip_sessions=params.skip_sessions,
                                          conversation_of_node=conv,
                                          accept="gmm" if gmm else "all")
     return ip.cpu(), ix.cpu()
+
+
+def candidates(params: GraphParams, n_nodes: int) -> int:
+    """Candidates per node of ``params`` (``m``, or ``topk`` for the top-k rule), capped
+    by the ``n_nodes`` a conversation has: more could never be found, and a huge setting
+    would otherwise size buffers by the setting instead of the data."""
+    m = params.m if params.rule == "gmm" else params.topk
+    return max(1, min(int(m), int(n_nodes)))
 
 
 def _serial_map(fn, arg_lists):

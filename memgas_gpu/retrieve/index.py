@@ -1,21 +1,29 @@
-"""``MemoryIndex``: every conversation of a dataset packed in tensors, ready to query.
+"""``MemoryIndex``: the memory users hold — many conversations, each its own segment.
 
-Layout (all CPU tensors; moved to the query device on demand):
+Storage (docs/architecture.md, "The index"):
 
-* ``rows``: every (conversation, session) pair, conversation by conversation
-  (``conv_offsets[c]:conv_offsets[c+1]`` are conversation ``c``'s sessions, in order);
-* ``table``: embeddings per *distinct* session (``row_slot[row]`` points into it), so
-  sessions shared between LongMemEval haystacks are stored and encoded once;
-* graph nodes: ``N_GRAN`` per row, interleaved ``N_GRAN*row + g`` with g in (S, T, U, K)
-  (:mod:`memgas_gpu.granularity`), the association graph as one block-diagonal
-  symmetric CSR over all conversations;
-* questions: embeddings ``q_emb`` and their conversation ``q_conv``;
-* turns (optional): every turn's embedding and text of the distinct sessions.
+* a **session store** (:mod:`.store`) of every *distinct* session's tables — S/T/U/K
+  embeddings, ``concat``, turn embeddings and texts, lexical documents — so a session
+  shared between LongMemEval haystacks is stored and encoded once; appends are
+  amortized;
+* one **segment** per conversation (:mod:`.segments`): its session ids and dates, the
+  store slots of its sessions, and its association graphs as local CSR;
+* the dataset's **questions** (embeddings ``q_emb``, conversation ``q_conv``), for
+  evaluation.
 
-docs/architecture.md follows a dataset file to a ranking through these modules.
+A write (:meth:`MemoryIndex.add_session`, :meth:`MemoryIndex.remove_session`) builds a
+new segment for the one conversation it changes and publishes a new state; a read
+(:meth:`MemoryIndex.retrieve`, :meth:`MemoryIndex.search`) takes the current state once
+and packs only the conversations it asks about into the block-diagonal layout of the
+read path (:class:`~memgas_gpu.retrieve.segments.View`, cached by :mod:`.cache`).
+
+The packed attributes of a whole index (``conv_offsets``, ``row_slot``, ``gran``,
+``graphs``, ...) remain available, exactly as a fresh build of the same sessions
+would hold them; after a write they are packed again on first access.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -26,10 +34,14 @@ from .. import ops
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.granularity import expand_dataset
-from ..granularity import N_GRAN
+from ..granularity import CODES, N_GRAN
+from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
-from .graphs import build_graph, edges_of, graph_chunk
+from .graphs import build_graph, candidates, edges_of
 from .meta import ConversationMeta, GraphParams
+from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
+                       with_segment)
+from .store import SessionStore
 from .texts import TextTable
 
 __all__ = ["MemoryIndex", "GraphParams", "EncoderMismatchError"]
@@ -40,10 +52,22 @@ class EncoderMismatchError(MemgasError, ValueError):
 
 
 class MemoryIndex:
-    """Packed multi-granularity memory of many conversations.
+    """Multi-granularity memory of many conversations.
 
-    Build with :meth:`build`, query with :meth:`retrieve`, persist with
-    :meth:`save` / :meth:`load`, grow with :meth:`add_session`.
+    Build with :meth:`build` (an empty ``Dataset([])`` gives an empty memory), grow
+    with :meth:`add_session` / :meth:`remove_session`, query with :meth:`search` (new
+    texts) or :meth:`retrieve` (the dataset's questions), persist with :meth:`save` /
+    :meth:`load`.
+
+    **Threads.** One index may be shared by many threads.  Every read (``search``,
+    ``retrieve``, :meth:`snapshot`, the packed attributes) sees the index as it was when
+    the read started: a state published by a complete write, never a half-applied one.
+    Writes (``add_session``, ``remove_session``) are serialized by a lock and never wait
+    for reads; each costs what its own conversation costs, whatever else the index
+    holds.  A read of some conversations costs what those conversations cost; its
+    derived data (BM25 postings, cue tables, other graph settings) is cached per
+    conversation version (``max_views`` views, least recently used evicted).
+    Across processes, see :meth:`save`.
     """
 
     def __init__(self, *, conversations: list[ConversationMeta], questions: list[Question],
@@ -52,31 +76,52 @@ class MemoryIndex:
                  graphs: dict[str, tuple[Tensor, Tensor]], params: GraphParams,
                  config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
                  turn_ptr: Optional[Tensor] = None,
-                 turn_text: Optional[TextTable] = None) -> None:
-        self.conversations = conversations
+                 turn_text: Optional[TextTable] = None,
+                 max_views: int = DEFAULT_MAX_VIEWS) -> None:
+        ids: dict = {}
+        for i, c in enumerate(conversations):
+            if c.id in ids:
+                raise ValueError(f"conversation id {c.id!r} appears twice (positions "
+                                 f"{ids[c.id]} and {i}): ids must be unique")
+            ids[c.id] = i
         self.questions = questions
-        self.conv_offsets = conv_offsets
-        self.row_slot = row_slot
-        self.gran = gran
-        #: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"`` (the
-        #: ``concat`` baseline; the reference calls it "hybrid"), or None
-        self.concat = concat
         self.q_emb = q_emb
         self.q_conv = q_conv
-        self.graphs = graphs
         self.params = params
         self.config = config
-        #: tokenised texts for the BM25 signals (:class:`memgas_gpu.lexical.LexicalIndex`)
-        self.lexical = lexical
-        #: optional per-turn embeddings of the distinct sessions (``dense_Tmax`` signal):
-        #: session slot ``j`` owns ``turns[turn_ptr[j]:turn_ptr[j+1]]``
-        self.turns = turns
-        self.turn_ptr = turn_ptr
-        #: optional turn texts, aligned with ``turn_ptr`` (evidence shown by ``search``)
-        self.turn_text = turn_text
-        #: incremented by every add_session / remove_session (keys derived caches)
-        self.version = 0
         self._encoder = None
+        self._write_lock = threading.RLock()
+        self._cache = ViewCache(max_views)
+        self._store = SessionStore(gran, concat, turns, turn_ptr, turn_text, lexical)
+        self._graph_keys = frozenset(graphs)
+        offs = conv_offsets.tolist()
+        parts = {k: split_graph(ip, ix, conv_offsets) for k, (ip, ix) in graphs.items()}
+        segs = tuple(
+            Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates)),
+                    row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts})
+            for i, c in enumerate(conversations))
+        state = State(segs, ids, self._store.tables())
+        packed = View(state, range(len(segs)), params, config)
+        # exactly the tensors given: reading them back copies nothing
+        packed.row_slot, packed.conv_offsets = row_slot, conv_offsets
+        packed.lexical = lexical
+        packed.graph_cache.update(graphs)
+        self._state = State(segs, ids, state.tables, version=state.version, packed=packed)
+        packed.state = self._state
+
+    def __getstate__(self) -> dict:
+        """For copies and Ray tasks: the published state, without the lock and the
+        derived-data cache (rebuilt on the other side)."""
+        d = dict(self.__dict__)
+        d.pop("_write_lock", None)
+        d["_cache"] = self._cache.max_views
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        d = dict(d)
+        d["_cache"] = ViewCache(d["_cache"])
+        d["_write_lock"] = threading.RLock()
+        self.__dict__.update(d)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -89,7 +134,8 @@ class MemoryIndex:
         """Expand, encode and link every conversation of ``dataset``.
 
         Args:
-            dataset: a loaded :class:`~memgas_gpu.Dataset`.
+            dataset: a loaded :class:`~memgas_gpu.Dataset` (``Dataset([])``: an empty
+                memory to grow with :meth:`add_session`).
             encoder: an :class:`~memgas_gpu.encode.Encoder` (default: the bundled
                 all-MiniLM-L6-v2 on ``device``).
             summaries, keywords: sources (see :func:`~memgas_gpu.expand.expand_dataset`).
@@ -113,6 +159,9 @@ class MemoryIndex:
                 ``memgas_hybrid``; already computed for T, costs memory only).
             keep_text: keep every turn's text (the evidence :meth:`search` returns).
         """
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"dataset must be a memgas_gpu.Dataset, got "
+                            f"{type(dataset).__name__}")
         if encoder is None:
             from ..encode import Encoder
 
@@ -155,9 +204,10 @@ class MemoryIndex:
             "dataset": {"format": dataset.format, "source": dataset.source},
             "encoding": {"sessions_and_texts": enc_stats, "questions": q_stats},
         }
+        d = table.gran.shape[-1]
         idx = cls(conversations=metas, questions=questions, conv_offsets=conv_offsets,
                   row_slot=row_slot, gran=table.gran, concat=table.concat,
-                  q_emb=q_emb if len(questions) else torch.zeros(0, table.gran.shape[-1]),
+                  q_emb=q_emb if len(questions) else torch.zeros(0, d),
                   q_conv=q_conv, graphs={},
                   params=GraphParams(m=m, skip_sessions=skip_sessions), config=config,
                   lexical=lex, turns=table.turns if keep_turns else None,
@@ -168,11 +218,24 @@ class MemoryIndex:
             idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
         t0 = time.perf_counter()
-        idx.graphs[idx.params.key()] = build_graph(idx, idx.params, device=device,
-                                                   progress=progress, mapper=graph_mapper)
+        key = idx.params.key()
+        graph = build_graph(idx._state.packed, idx.params, device=device, progress=progress,
+                            mapper=graph_mapper)
+        idx._adopt_graph(key, graph)
         timings["graph_s"] = time.perf_counter() - t0
         idx.config["timings"] = timings
         return idx
+
+    def _adopt_graph(self, key: str, graph: tuple) -> None:
+        """Store a block-diagonal graph of every conversation in their segments."""
+        st = self._state
+        for seg, local in zip(st.segments, split_graph(*graph, st.packed.conv_offsets
+                                                       if st.packed is not None
+                                                       else self._full().conv_offsets)):
+            seg.graphs.setdefault(key, local)
+        if st.packed is not None:
+            st.packed.graph_cache[key] = graph
+        self._graph_keys = self._graph_keys | {key}
 
     @classmethod
     def from_nodes(cls, node_emb: Tensor, sessions_per_conversation, graph=None,
@@ -192,15 +255,71 @@ class MemoryIndex:
         p = params or GraphParams()
         metas = [ConversationMeta(str(c), [str(i) for i in range(int(k))], [""] * int(k))
                  for c, k in enumerate(sizes.tolist())]
-        return cls(conversations=metas, questions=[],
-                   conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
-                   row_slot=torch.arange(n_rows),  # metadata stays on the CPU
-                   gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
-                   q_emb=node_emb.new_zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
-                   graphs={} if graph is None else {p.key(): graph}, params=p, config={})
+        graphs = {}
+        if graph is not None:
+            graphs[p.key()] = (graph[0].cpu(), graph[1].cpu())
+        idx = cls(conversations=metas, questions=[],
+                  conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
+                  row_slot=torch.arange(n_rows),  # metadata stays on the CPU
+                  gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
+                  q_emb=node_emb.new_zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
+                  graphs=graphs, params=p, config={})
+        if graph is not None:  # keep the caller's tensors (and device) for the packed view
+            idx._state.packed.graph_cache[p.key()] = graph
+        return idx
 
-    # ------------------------------------------------------------------ API
-    def retrieve(self, questions=None, method: str = "memgas", **kwargs):
+    # ------------------------------------------------------------------ reads
+    def view(self, conversations: Optional[Sequence[int]] = None,
+             state: Optional[State] = None) -> View:
+        """The read path's packed view of some conversations (positions, default all) of
+        ``state`` (default: the current one), from the cache."""
+        st = state or self._state
+        n = len(st.segments)
+        conv = range(n) if conversations is None else sorted(set(int(c) for c in
+                                                                 conversations))
+        if len(conv) == n and st.packed is not None:
+            return st.packed
+        versions = tuple(st.segments[c].version for c in conv)
+        key = ("view", tuple(conv), versions)
+        return self._cache.get(key, versions,
+                               lambda: View(st, conv, self.params, self.config))
+
+    def state(self) -> State:
+        """The current published state (one consistent version of every conversation)."""
+        return self._state
+
+    def clear_cache(self) -> None:
+        """Drop every derived structure (rebuilt on the next read); stored data stays."""
+        self._cache.clear()
+
+    def _full(self) -> View:
+        return self.view()
+
+    def snapshot(self) -> View:
+        """The whole index as one immutable packed view, as a fresh build of the same
+        sessions would store it (slots in order of first use): what :meth:`save`
+        writes.  It also carries ``questions``, ``q_emb``, ``q_conv`` and ``graphs``."""
+        st = self._state
+        full = self.view(state=st)
+        if not full.is_canonical():
+            versions = tuple(s.version for s in st.segments)
+            full = self._cache.get(("canonical", versions), versions,
+                                   lambda: View(st, range(len(st.segments)), self.params,
+                                                self.config, canonical=True))
+        full.questions, full.q_emb, full.q_conv = self.questions, self.q_emb, self.q_conv
+        full.graph_keys = self._persisted_keys(st)
+        return full
+
+    def _persisted_keys(self, st: State) -> frozenset:
+        """Graph settings every conversation holds (saved with the index)."""
+        if not st.segments:
+            return self._graph_keys
+        keys = set(st.segments[0].graphs)
+        for s in st.segments[1:]:
+            keys &= s.graphs.keys()
+        return frozenset(keys)
+
+    def retrieve(self, questions=None, method: Optional[str] = None, **kwargs):
         """Rank sessions for the index's own questions; see
         :func:`memgas_gpu.retrieve.retrieve`."""
         from .search import retrieve
@@ -208,7 +327,7 @@ class MemoryIndex:
         return retrieve(self, questions, method=method, **kwargs)
 
     def search(self, conversation_id, queries: Sequence[str], k: int = 10,
-               method: str = "memgas_hybrid", **kwargs) -> list:
+               method: Optional[str] = None, **kwargs) -> list:
         """Rank a conversation's sessions for new query texts (encoded with the index's
         own encoder); one :class:`~memgas_gpu.retrieve.SearchResult` per query with
         session ids, scores and the best-matching turns.  See
@@ -218,7 +337,8 @@ class MemoryIndex:
         return search(self, conversation_id, queries, k=k, method=method, **kwargs)
 
     def save(self, path, dtype: torch.dtype = torch.float32):
-        """Write the index folder (see ``docs/index-format.md``)."""
+        """Write the index folder (see ``docs/index-format.md``) from one snapshot
+        (writes running meanwhile are not in it)."""
         from .persist import save_index
 
         return save_index(self, path, dtype=dtype)
@@ -267,194 +387,265 @@ class MemoryIndex:
                 f"built with ({(self.config.get('encoder') or {}).get('model')}, "
                 f"fingerprint {want}): scores would be meaningless")
 
+    # ------------------------------------------------------------------ writes
     def add_session(self, conversation_id: str, session: Session, *,
                     summary: Optional[str] = None, keywords: Optional[str] = None,
                     encoder: Any = None) -> None:
-        """Append ``session`` to a conversation and link it (incremental write path).
+        """Append ``session`` to a conversation (created when the id is new) and link it.
 
         Only the new session's nodes get edges (to earlier sessions), so every stored
-        graph ends up identical to a full rebuild with the same texts.
+        graph ends up identical to a full rebuild with the same texts.  A session another
+        conversation already holds (same id and turns) is stored once, as in a build.
+        Costs what this conversation costs; everything is checked, encoded and linked
+        before the index changes, so a failure leaves it as it was.
 
         Args:
-            conversation_id: the conversation to grow.
+            conversation_id: the conversation to grow (a new id creates it).
             session: the new, latest session.
             summary, keywords: its U and K texts.  ``None``: the offline extractor on
                 this session alone (corpus statistics of one session; pass the texts
                 to reproduce another source exactly).
             encoder: the encoder the index was built with (default: the one used by
                 :meth:`build` in this process); its fingerprint must match.
+
+        Raises:
+            TypeError, ValueError: a malformed id, session or text (nothing changed).
         """
+        check_session(conversation_id, session, summary, keywords)
+        with self._write_lock:
+            st = self._state
+            ci = st.ids.get(conversation_id)
+            old = st.segments[ci] if ci is not None else None
+            if old is not None and session.id in old.meta.session_ids:
+                raise ValueError(f"conversation {conversation_id!r} already has a session "
+                                 f"{session.id!r}")
+            enc = self.query_encoder(encoder)
+            store = self._store
+            store.track(st.segments)
+            slot = store.find(session, st.tables)
+            fresh = slot is None
+            if fresh:
+                slot = self._append_session(session, summary, keywords, enc)
+            else:
+                store.ref(slot, session.id)
+            try:
+                tables = store.tables()
+                slots = torch.cat([old.slots if old is not None
+                                   else torch.zeros(0, dtype=torch.long),
+                                   torch.tensor([slot])])
+                keys = (old.graphs.keys() if old is not None else self._persisted_keys(st))
+                graphs = {k: self._grow(old.graphs[k] if old is not None else empty_local(0),
+                                        tables.gran[slots], k) for k in keys}
+            except BaseException:
+                store.unref(slot, session.id)
+                raise
+            meta = ConversationMeta(conversation_id,
+                                    [*(old.meta.session_ids if old else ()), session.id],
+                                    [*(old.meta.session_dates if old else ()), session.date])
+            seg = Segment(meta, slots, graphs)
+            self._publish(with_segment(st, len(st.segments) if ci is None else ci, seg,
+                                       tables), [old.version] if old is not None else [])
+
+    def _append_session(self, session: Session, summary, keywords, enc) -> int:
+        """Encode and tokenise a new distinct session and append it to the store."""
         from ..expand.offline import OfflineExtractor
 
-        ci = self.conversation_index(conversation_id)
-        if session.id in self.conversations[ci].session_ids:
-            raise ValueError(f"conversation {conversation_id!r} already has a session "
-                             f"{session.id!r}")
-        enc = self.query_encoder(encoder)
         if summary is None or keywords is None:
-            u, k = OfflineExtractor().expand([session.text])
+            u, k = OfflineExtractor().expand([session.text], progress=False)
             summary = u[0] if summary is None else summary
             keywords = k[0] if keywords is None else keywords
+        store = self._store
         texts = [session.text, *session.turns, summary, keywords]
-        if self.concat is not None:
+        if store.concat is not None:
             texts.append(f"{summary} {keywords} {session.text}")
         emb, _ = encode_unique(enc, texts, progress=False)
+        if emb.shape[-1] != self.dim:
+            raise ValueError(f"the encoder gives {emb.shape[-1]}-dimensional embeddings; "
+                             f"this index holds {self.dim}")
+        if not bool(torch.isfinite(emb).all()):
+            raise ValueError(f"session {session.id!r}: the encoder returned NaN or infinite "
+                             "embeddings; nothing was added")
         nt = len(session.turns)
-        t = emb[1:1 + nt].mean(0) if nt else torch.zeros(self.dim)
-        if self.turns is not None:
-            self.turns = torch.cat([self.turns, emb[1:1 + nt].to(self.turns.dtype)])
-        if self.turn_ptr is not None:
-            self.turn_ptr = torch.cat([self.turn_ptr, self.turn_ptr[-1:] + nt])
-        if self.turn_text is not None:
-            self.turn_text = self.turn_text.append(session.turns)
-        row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]]).to(self.gran.dtype)
-        slot = self.gran.shape[0]
-        self.gran = torch.cat([self.gran, row.unsqueeze(0)])
-        if self.concat is not None:
-            self.concat = torch.cat([self.concat, emb[3 + nt:4 + nt].to(self.concat.dtype)])
-        if self.lexical is not None:
-            self.lexical.append_session(session, summary, keywords)
-            # question terms first seen in this session must now match it
-            self.lexical.set_queries([q.text for q in self.questions])
-        r = int(self.conv_offsets[ci + 1])  # the new row, at the end of conversation ci
-        self.row_slot = torch.cat([self.row_slot[:r], torch.tensor([slot]), self.row_slot[r:]])
-        self.conv_offsets = self.conv_offsets.clone()
-        self.conv_offsets[ci + 1:] += 1
-        meta = self.conversations[ci]
-        meta.session_ids.append(session.id)
-        meta.session_dates.append(session.date)
-        for key in list(self.graphs):
-            self.graphs[key] = self._grow_graph(self.graphs[key], ci, r, key)
-        self.version += 1
+        t = emb[1:1 + nt].mean(0) if nt else torch.zeros(emb.shape[-1])
+        row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]])
+        docs = None
+        if store.lexical is not None:
+            from ..lexical import TermMatrix
 
-    def _grow_graph(self, graph, ci: int, r: int, key: str):
-        """``graph`` with row ``r`` (the new last session of conversation ``ci``) linked:
-        only its nodes get new edges, as in a rebuild."""
-        a, b = int(self.conv_offsets[ci]), int(self.conv_offsets[ci + 1])
-        old = edges_of(graph)
-        old = torch.where(old >= r * N_GRAN, old + N_GRAN, old)  # later conversations shift
-        emb = self.node_embeddings(torch.arange(a, b))
-        sess = torch.arange(b - a).repeat_interleave(N_GRAN)
+            lex = store.lexical
+            parts = {"S": [session.text], "T": list(session.turns), "U": [summary],
+                     "K": [keywords]}
+            docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
+                                            for x in parts[g]]) for g in CODES}
+        return store.append(row, emb[3 + nt] if store.concat is not None else None,
+                            emb[1:1 + nt], session.turns, docs, session.id)
+
+    def _grow(self, graph, gran: Tensor, key: str):
+        """Local ``graph`` of a conversation with its new last session linked (only its
+        nodes get new edges, as in a rebuild); ``gran``: ``[n, N_GRAN, d]``."""
+        n = int(gran.shape[0])
+        emb = gran.reshape(n * N_GRAN, -1)
+        sess = torch.arange(n).repeat_interleave(N_GRAN)
         p = GraphParams.from_key(key, self.params)
         gmm = p.rule == "gmm"
-        new = ops.association_edges(emb, sess, m=p.m if gmm else p.topk,
+        new = ops.association_edges(emb, sess.to(emb.device), m=candidates(p, n * N_GRAN),
                                     skip_sessions=p.skip_sessions,
                                     accept="gmm" if gmm else "all",
-                                    first_node=(b - a - 1) * N_GRAN)
-        return ops.symmetric_csr(torch.cat([old, new + a * N_GRAN], dim=1),
-                                 self.n_rows * N_GRAN)
+                                    first_node=(n - 1) * N_GRAN).cpu()
+        return ops.symmetric_csr(torch.cat([edges_of(graph), new], dim=1), n * N_GRAN)
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
 
-        The conversation's graph block is rebuilt (later sessions lose candidates and
-        move up one position, so their edges change) and every tensor, the lexical
-        documents and the turn texts lose the session's entries, so the index equals a
-        rebuild without the session: same graph edges, embeddings and BM25 statistics.
-        A session shared with another conversation (LongMemEval haystacks) keeps its
-        embeddings for the others.
+        The conversation's graphs are rebuilt (later sessions lose candidates and move up
+        one position, so their edges change) and the session's rows are dropped, so the
+        index equals a rebuild without the session: same graph edges, embeddings and BM25
+        statistics.  A session shared with another conversation (LongMemEval haystacks)
+        keeps its embeddings for the others.  Costs what this conversation costs.
 
         Raises:
             KeyError: unknown conversation or session id.
         """
-        ci = self.conversation_index(conversation_id)
-        meta = self.conversations[ci]
-        if session_id not in meta.session_ids:
-            raise KeyError(f"conversation {conversation_id!r} has no session {session_id!r}")
-        j = meta.session_ids.index(session_id)
-        a = int(self.conv_offsets[ci])
-        r = a + j
-        slot = int(self.row_slot[r])
-        self.row_slot = torch.cat([self.row_slot[:r], self.row_slot[r + 1:]])
-        self.conv_offsets = self.conv_offsets.clone()
-        self.conv_offsets[ci + 1:] -= 1
-        del meta.session_ids[j]
-        del meta.session_dates[j]
-        if not bool((self.row_slot == slot).any()):
-            self._drop_slot(slot)
-        b = int(self.conv_offsets[ci + 1])
-        for key in list(self.graphs):
-            old = edges_of(self.graphs[key])
-            lo, hi = a * N_GRAN, (b + 1) * N_GRAN  # the block before removal
-            keep = ((old[0] < lo) | (old[0] >= hi)) & ((old[1] < lo) | (old[1] >= hi))
-            old = old[:, keep]
-            old = torch.where(old >= hi, old - N_GRAN, old)
-            ip, ix = graph_chunk(self.node_embeddings(torch.arange(a, b)), [b - a],
-                                 GraphParams.from_key(key, self.params), "cpu")
-            block = edges_of((ip, ix)) + a * N_GRAN
-            self.graphs[key] = ops.symmetric_csr(torch.cat([old, block], 1),
-                                                 self.n_rows * N_GRAN)
-        if self.lexical is not None:
-            self.lexical.invalidate()
-        self.version += 1
+        with self._write_lock:
+            st = self._state
+            ci = st.position(conversation_id)
+            old = st.segments[ci]
+            if session_id not in old.meta.session_ids:
+                raise KeyError(f"conversation {conversation_id!r} has no session "
+                               f"{session_id!r}")
+            j = old.meta.session_ids.index(session_id)
+            keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
+            t = st.tables
+            graphs = {k: local_graph(t.gran[keep].reshape(-1, self.dim), keep.numel(),
+                                     GraphParams.from_key(k, self.params))
+                      for k in old.graphs}
+            ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
+            del ids[j], dates[j]
+            store = self._store
+            store.track(st.segments)
+            store.unref(int(old.slots[j]), session_id)
+            seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs)
+            new = with_segment(st, ci, seg, st.tables)
+            stale = [old.version]
+            if store.wants_compaction():
+                new, gone = self._compact(new)
+                stale += gone
+            self._publish(new, stale)
 
-    def _drop_slot(self, slot: int) -> None:
-        """Remove distinct session ``slot`` (no row uses it) from every table."""
-        keep = torch.arange(self.gran.shape[0]) != slot
-        self.gran = self.gran[keep]
-        if self.concat is not None:
-            self.concat = self.concat[keep]
-        if self.turn_ptr is not None:
-            t0, t1 = int(self.turn_ptr[slot]), int(self.turn_ptr[slot + 1])
-            if self.turns is not None:
-                self.turns = torch.cat([self.turns[:t0], self.turns[t1:]])
-            if self.turn_text is not None:
-                self.turn_text = self.turn_text.drop(t0, t1)
-            self.turn_ptr = torch.cat([self.turn_ptr[:slot + 1],
-                                       self.turn_ptr[slot + 2:] - (t1 - t0)])
-        if self.lexical is not None:
-            self.lexical.remove_slot(slot)
-        self.row_slot = torch.where(self.row_slot > slot, self.row_slot - 1, self.row_slot)
+    def _compact(self, st: State) -> tuple[State, list]:
+        """Copy the live slots into new buffers and renumber every segment (amortized:
+        only when more than half the store is garbage)."""
+        store, remap = self._store.compacted()
+        self._store = store
+        segs = tuple(Segment(s.meta, remap[s.slots], s.graphs) for s in st.segments)
+        return State(segs, st.ids, store.tables()), [s.version for s in st.segments]
+
+    def _publish(self, state: State, stale: Sequence[int]) -> None:
+        self._state = state  # one reference swap: readers see the old or the new state
+        self._cache.forget(stale)
+
+    # ------------------------------------------------------------------ packed view
+    @property
+    def version(self) -> int:
+        """Changes with every write (a process-unique number)."""
+        return self._state.version
+
+    @property
+    def conversations(self) -> list[ConversationMeta]:
+        return [s.meta for s in self._state.segments]
+
+    @property
+    def n_conversations(self) -> int:
+        return len(self._state.segments)
+
+    @property
+    def conv_offsets(self) -> Tensor:
+        return self._full().conv_offsets
+
+    @property
+    def n_rows(self) -> int:
+        return sum(s.n for s in self._state.segments)
+
+    @property
+    def dim(self) -> int:
+        return int(self._state.tables.gran.shape[-1])
+
+    @property
+    def keeps_text(self) -> bool:
+        """Whether the index stores turn texts (evidence, the speaker cue)."""
+        return self._state.tables.turn_text is not None
+
+    @property
+    def cache(self) -> dict:
+        """Derived data of the whole index's current view (see :mod:`.cache`)."""
+        return self._full().cache
+
+    @property
+    def question_terms(self):
+        """Term counts of the dataset's questions (a TermMatrix), or None."""
+        lex = self._store.lexical
+        return lex.queries if lex is not None else None
+
+    row_slot = property(lambda self: self.snapshot().row_slot)
+    gran = property(lambda self: self.snapshot().gran)
+    concat = property(lambda self: self.snapshot().concat)
+    turns = property(lambda self: self.snapshot().turns)
+    turn_ptr = property(lambda self: self.snapshot().turn_ptr)
+    turn_text = property(lambda self: self.snapshot().turn_text)
+    lexical = property(lambda self: self.snapshot().lexical)
+
+    @property
+    def graphs(self) -> dict:
+        """Every saved graph setting (key → block-diagonal CSR of all conversations)."""
+        snap = self.snapshot()
+        return {k: snap.graph(GraphParams.from_key(k, self.params))
+                for k in sorted(snap.graph_keys)}
+
+    def conversation_index(self, conversation_id: str) -> int:
+        return self._state.position(conversation_id)
+
+    def node_embeddings(self, rows: Optional[Tensor] = None) -> Tensor:
+        """``[n_rows*N_GRAN, d]`` interleaved node embeddings (node ``N_GRAN*row + g``)."""
+        return self._full().node_embeddings(rows)
 
     def best_turns(self, query_emb: Tensor, rows: Tensor, n: int = 3) -> list:
         """For each session row, its ``n`` turns most similar to ``query_emb``:
         ``[(turn index, text or None, <query, turn>)]``, best first (empty when the
         index keeps no turn embeddings)."""
-        if self.turns is None or self.turn_ptr is None:
-            return [[] for _ in range(len(rows))]
-        out = []
-        for r in rows.tolist():
-            slot = int(self.row_slot[r])
-            t0, t1 = int(self.turn_ptr[slot]), int(self.turn_ptr[slot + 1])
-            sims = (self.turns[t0:t1].float() @ query_emb.float()).tolist()
-            top = sorted(range(t1 - t0), key=lambda i: -sims[i])[:n]
-            out.append([(i, self.turn_text[t0 + i] if self.turn_text is not None else None,
-                         sims[i]) for i in top])
-        return out
+        from .search import best_turns
 
-    # ------------------------------------------------------------------ shapes
-    @property
-    def n_conversations(self) -> int:
-        return len(self.conversations)
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.row_slot.numel())
-
-    @property
-    def dim(self) -> int:
-        return int(self.gran.shape[-1])
-
-    def conversation_index(self, conversation_id: str) -> int:
-        for i, c in enumerate(self.conversations):
-            if c.id == conversation_id:
-                return i
-        raise KeyError(f"no conversation {conversation_id!r} in this index")
-
-    def node_embeddings(self, rows: Optional[Tensor] = None) -> Tensor:
-        """``[n_rows*N_GRAN, d]`` interleaved node embeddings (node ``N_GRAN*row + g``)."""
-        slots = self.row_slot if rows is None else self.row_slot[rows]
-        return self.gran[slots].reshape(-1, self.dim)
+        return best_turns(self._full(), query_emb, rows, n)
 
     # ------------------------------------------------------------------ graph
     def graph(self, params: Optional[GraphParams] = None, device: Optional[str] = None
               ) -> tuple[Tensor, Tensor]:
-        """The association graph (CSR ``indptr, indices``), built once per setting."""
-        params = params or self.params
-        key = params.key()
-        if key not in self.graphs:
-            self.graphs[key] = build_graph(self, params, device=device)
-        return self.graphs[key]
+        """The association graph (CSR ``indptr, indices``) of every conversation, built
+        once per setting (and saved with the index from then on)."""
+        got = self._full().graph(params or self.params, device)
+        self._graph_keys = self._graph_keys | {(params or self.params).key()}
+        return got
+
+
+def check_session(conversation_id, session, summary, keywords) -> None:
+    """Refuse, before anything changes, what :meth:`MemoryIndex.add_session` cannot store
+    (one line naming the field)."""
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise TypeError(f"conversation_id must be a non-empty string, got "
+                        f"{conversation_id!r}")
+    if not isinstance(session, Session):
+        raise TypeError(f"session must be a memgas_gpu.Session, got {type(session).__name__}"
+                        " (Session.from_messages builds one from chat messages)")
+    if not isinstance(session.id, str) or not session.id:
+        raise TypeError(f"session.id must be a non-empty string, got {session.id!r}")
+    if not isinstance(session.date, str):
+        raise TypeError(f"session {session.id!r}: date must be a string ('' when "
+                        f"unknown), got {session.date!r}")
+    if not isinstance(session.turns, (tuple, list)) or \
+            not all(isinstance(t, str) for t in session.turns):
+        raise TypeError(f"session {session.id!r}: turns must be a tuple of strings")
+    for name, value in (("summary", summary), ("keywords", keywords)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
 
 
 def _encoder_source(encoder) -> Optional[dict]:

@@ -30,6 +30,8 @@ def save_index(index, path: Union[str, os.PathLike],
     Raises:
         IndexFormatError: ``path`` is a file, or a folder that is not an index.
     """
+    if hasattr(index, "snapshot"):  # one consistent state, whatever writers do meanwhile
+        index = index.snapshot()
     tensors = {
         "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
         "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,

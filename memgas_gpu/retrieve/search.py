@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from .engine import METHODS, PRESETS, ReadParams, resolve, score
+from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
 from .signals import QueryBatch
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Retrieval", "SearchResult", "retrieve",
-           "search", "question_batch"]
+           "search", "question_batch", "best_turns"]
 
 
 @dataclass
@@ -43,10 +43,14 @@ class Retrieval:
 
 def question_batch(index, qi: Tensor) -> QueryBatch:
     """The :class:`QueryBatch` of questions ``qi`` of the index."""
-    lex = getattr(index, "lexical", None)
+    if hasattr(index, "question_terms"):
+        terms = index.question_terms
+    else:
+        lex = getattr(index, "lexical", None)
+        terms = lex.queries if lex is not None else None
     qs = [index.questions[i] for i in qi.tolist()]
     return QueryBatch(index.q_emb[qi], index.q_conv[qi],
-                      lex.queries.rows(qi) if lex is not None else None,
+                      terms.rows(qi) if terms is not None else None,
                       [q.text for q in qs], [q.date for q in qs])
 
 
@@ -62,15 +66,16 @@ def _question_index(index, questions) -> Tensor:
     return qi
 
 
-def retrieve(index, questions: Optional[Sequence[int]] = None, method: str = "memgas",
-             params: Optional[ReadParams] = None, device: Optional[str] = None,
-             **settings) -> Retrieval:
+def retrieve(index, questions: Optional[Sequence[int]] = None,
+             method: Optional[str] = None, params: Optional[ReadParams] = None,
+             device: Optional[str] = None, **settings) -> Retrieval:
     """Rank the sessions of each question's conversation.
 
     Args:
         index: the memory index.
         questions: indices into ``index.questions`` (default: all).
-        method: a preset name (:data:`METHODS`): ``"memgas"`` (full), ablations
+        method: a preset name (:data:`METHODS`; default :data:`DEFAULT_METHOD`):
+            ``"memgas"`` (full), ablations
             ``"no_gmm"``, ``"no_ppr"``, ``"no_router"``, ``"no_association"``, flat
             ``"session"``, ``"turn"``, ``"summary"``, ``"keyword"``, ``"concat"``,
             lexical ``"bm25"`` and ``"memgas_hybrid"``.
@@ -81,6 +86,7 @@ def retrieve(index, questions: Optional[Sequence[int]] = None, method: str = "me
     Returns:
         A :class:`Retrieval`.
     """
+    method = method or DEFAULT_METHOD
     p, info = resolve(index, method, params, **settings)
     qi = _question_index(index, questions)
     scores, n = score(index, question_batch(index, qi), p, device)
@@ -114,10 +120,13 @@ class SearchResult:
 
 
 def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[str],
-           k: int = 10, method: str = "memgas_hybrid", encoder=None, evidence: int = 3,
+           k: int = 10, method: Optional[str] = None, encoder=None, evidence: int = 3,
            device: Optional[str] = None, question_date: Optional[str] = None,
            **settings) -> list:
     """Rank the sessions of a conversation for new query texts.
+
+    The search sees the index as it was when it started (writes running meanwhile are
+    not in it) and costs what the asked conversations cost.
 
     Args:
         index: the memory index.
@@ -128,42 +137,77 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
         encoder: the index's encoder (default: reloaded from the index's record); a
             different encoder is an error.
         evidence: best turns returned per session (by ``<query, turn>`` when the index
-            keeps turn embeddings, else by BM25).
+            keeps turn embeddings, else none).
         device: where to compute.
         question_date: when the queries are asked (any date format; anchors relative
             time expressions such as "last week" for the time cue).
 
     Returns:
-        One :class:`SearchResult` per query.
+        One :class:`SearchResult` per query (empty lists for a conversation without
+        sessions).
+
+    Raises:
+        KeyError: an unknown conversation id.
     """
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings (got one string: wrap it in [])")
     queries = list(queries)
+    bad = [type(q).__name__ for q in queries if not isinstance(q, str)]
+    if bad:
+        raise TypeError(f"queries must be strings, got {bad[0]}")
     convs = ([conversation_id] * len(queries) if isinstance(conversation_id, str)
              else list(conversation_id))
     if len(convs) != len(queries):
         raise ValueError(f"{len(convs)} conversation ids for {len(queries)} queries")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    p, _ = resolve(index, method, None, **settings)
+    if isinstance(evidence, bool) or not isinstance(evidence, int) or evidence < 0:
+        raise ValueError(f"evidence must be an integer >= 0, got {evidence!r}")
+    if question_date is not None and not isinstance(question_date, str):
+        raise TypeError(f"question_date must be a string or None, got {question_date!r}")
+    state = index.state() if hasattr(index, "state") else None
+    p, _ = resolve(index, method or DEFAULT_METHOD, None, **settings)
     if not queries:
         return []
-    ci = torch.tensor([index.conversation_index(c) for c in convs], dtype=torch.long)
+    if state is not None:
+        pos = [state.position(c) for c in convs]
+        view = index.view(pos, state=state)
+        ci = torch.searchsorted(view.conv, torch.tensor(pos, dtype=torch.long))
+    else:
+        view = index
+        ci = torch.tensor([index.conversation_index(c) for c in convs], dtype=torch.long)
     enc = index.query_encoder(encoder)
     q_emb = enc.encode(queries, progress=False).float().cpu()
-    lex = getattr(index, "lexical", None)
+    lex = getattr(view, "lexical", None)
     batch = QueryBatch(q_emb, ci, lex.encode_queries(queries) if lex is not None else None,
                        queries, [question_date] * len(queries))
-    scores, n = score(index, batch, p, device)
+    scores, n = score(view, batch, p, device)
     scores, ranks = scores.cpu(), ops.rank_sessions(scores, n).cpu()
     out = []
     for j, c in enumerate(convs):
-        meta = index.conversations[int(ci[j])]
+        meta = view.conversations[int(ci[j])]
         top = ranks[j, :min(k, int(n[j]))]
         top = top[top >= 0]
-        rows = index.conv_offsets[ci[j]] + top
+        rows = view.conv_offsets[ci[j]] + top
         out.append(SearchResult(c, [meta.session_ids[int(t)] for t in top],
                                 [float(scores[j, t]) for t in top],
-                                index.best_turns(q_emb[j], rows, evidence)
+                                best_turns(view, q_emb[j], rows, evidence)
                                 if evidence > 0 else [[] for _ in top]))
+    return out
+
+
+def best_turns(view, query_emb: Tensor, rows: Tensor, n: int = 3) -> list:
+    """For each session row of ``view``, its ``n`` turns most similar to ``query_emb``:
+    ``[(turn index, text or None, <query, turn>)]``, best first (empty when the index
+    keeps no turn embeddings)."""
+    if view.turns is None or view.turn_ptr is None:
+        return [[] for _ in range(len(rows))]
+    out = []
+    for r in rows.tolist():
+        slot = int(view.row_slot[r])
+        t0, t1 = int(view.turn_ptr[slot]), int(view.turn_ptr[slot + 1])
+        sims = (view.turns[t0:t1].float() @ query_emb.float()).tolist()
+        top = sorted(range(t1 - t0), key=lambda i: -sims[i])[:n]
+        out.append([(i, view.turn_text[t0 + i] if view.turn_text is not None else None,
+                     sims[i]) for i in top])
     return out

@@ -39,6 +39,18 @@ class TextTable:
         return TextTable(torch.cat([self.data[:end], new.data[:int(new.offsets[-1])]]),
                          torch.cat([self.offsets, new.offsets[1:] + end]))
 
+    def take(self, ids: Tensor) -> "TextTable":
+        """Strings ``ids`` (in that order) as a new table (bytes gathered, not decoded)."""
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        a, b = self.offsets[ids], self.offsets[ids + 1]
+        lens = b - a
+        off = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+        if int(off[-1]) == 0:
+            return TextTable(torch.zeros(1, dtype=torch.uint8), off)
+        owner = torch.repeat_interleave(torch.arange(ids.numel()), lens)
+        src = a[owner] + torch.arange(int(off[-1])) - off[:-1][owner]
+        return TextTable(self.data[src], off)
+
     def drop(self, a: int, b: int) -> "TextTable":
         """Without strings ``a..b-1``."""
         lo, hi = int(self.offsets[a]), int(self.offsets[b])
