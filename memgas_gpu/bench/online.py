@@ -50,7 +50,6 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
     Returns:
         ``(index, template conversation)``.
     """
-    from ..data.model import Dataset
     from ..expand import expand_dataset
     from ..lexical import LexicalIndex, TermMatrix, build_lexical
     from ..retrieve import MemoryIndex

@@ -20,7 +20,8 @@ from .scaling import scaling_rows, sweep_series
 from .timing import Record, percentile
 
 __all__ = ["ratios", "write_json", "write_markdown", "write_plots", "write_report",
-           "goal_table", "bandwidth_table", "fmt_seconds", "fmt_rate", "fmt_bytes"]
+           "goal_table", "bandwidth_table", "online_table", "fmt_seconds", "fmt_rate",
+           "fmt_bytes"]
 
 STAGE_TITLE = {"graph": "graph build", "query": "routing + PPR + ranking", "bm25": "BM25",
                "encode": "encoding", "io_save": "index save", "io_load": "index load",
@@ -243,6 +244,9 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
     bw = bandwidth_table(records, meta)
     if bw:
         L += ["", "## Memory-bandwidth limit (this machine)", ""] + bw
+    on = online_table(records)
+    if on:
+        L += ["", "## Memory service: latency against the conversations held", ""] + on
     L += ["", "## Scaling (log-log slope of time vs size)", "",
           "| stage | axis | impl | sizes | times | slope (all) | slope (top 2) | expected | "
           "peak memory (largest) | why |",
@@ -272,6 +276,67 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
     with atomic_write(path, "w", encoding="utf-8") as f:
         f.write("\n".join(L) + "\n")
     return path
+
+
+def online_table(records) -> list[str]:
+    """Markdown rows of the ``online`` stage: p50 / p99 of each operation per index size,
+    the log-log slope of p50 against the conversations held, and the LongMemEval-shaped
+    point."""
+    from .online import slope
+
+    recs = [r for r in records if r.stage == "online"]
+    sized = [r for r in recs if "conversations" in r.size]
+    if not recs:
+        return []
+    L = []
+    if sized:
+        sizes = sorted({r.size["conversations"] for r in sized})
+        ops = list(dict.fromkeys(r.impl for r in sized))
+        L += ["| operation | " + " | ".join(f"{c} conv." for c in sizes)
+              + " | slope | largest / smallest |",
+              "| --- " * (len(sizes) + 3) + "|"]
+        for op in ops:
+            by = {r.size["conversations"]: r for r in sized if r.impl == op}
+            cells = [f"{by[c].extra['p50_ms']:.3g} / {by[c].extra['p99_ms']:.3g} ms"
+                     if c in by else "-" for c in sizes]
+            lo, hi = by.get(sizes[0]), by.get(sizes[-1])
+            ratio = (f"{hi.extra['p50_ms'] / lo.extra['p50_ms']:.2f}x"
+                     if lo and hi and lo.extra["p50_ms"] > 0 else "-")
+            L.append(f"| {op} | " + " | ".join(cells) + f" | {slope(sized, op):.2f} | {ratio} |")
+        L += ["", f"Cells: p50 / p99 over the timed calls ({sized[0].size['sessions']} sessions "
+              "per conversation, the asked conversation chosen at random each call). Slope: "
+              "least-squares slope of log p50 against log conversations (0: flat)."]
+    hay = [r for r in recs if "haystacks" in r.size]
+    if hay:
+        sz = hay[0].size
+        L += ["", f"LongMemEval shape ({sz['haystacks']} haystacks x {sz['sessions']} sessions "
+              f"from {sz['pool']} distinct sessions, one new question per call):", "",
+              "| operation | p50 | p99 |", "| --- | --- | --- |"]
+        L += [f"| {r.impl} | {r.extra['p50_ms']:.3g} ms | {r.extra['p99_ms']:.3g} ms |"
+              for r in hay]
+    return L
+
+
+def _online_plot(plt, out_dir, records) -> Optional[Path]:
+    sized = [r for r in records if r.stage == "online" and "conversations" in r.size]
+    if not sized:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for op in dict.fromkeys(r.impl for r in sized):
+        pts = sorted((r.size["conversations"], r.extra["p50_ms"]) for r in sized
+                     if r.impl == op)
+        ax.loglog(*zip(*pts), "-o", label=op)
+    ax.set_xlabel("conversations in the index")
+    ax.set_ylabel("p50 latency (ms)")
+    ax.set_title("memory service: one call at a time")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = Path(out_dir) / "online_latency.png"
+    with atomic_write(p, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
+    plt.close(fig)
+    return p
 
 
 def write_plots(out_dir, records, log=print) -> list[Path]:
@@ -310,6 +375,9 @@ def write_plots(out_dir, records, log=print) -> list[Path]:
         with atomic_write(p, "wb") as f:
             fig.savefig(f, dpi=110, format="png")
         plt.close(fig)
+        out.append(p)
+    p = _online_plot(plt, out_dir, records)
+    if p is not None:
         out.append(p)
     return out
 

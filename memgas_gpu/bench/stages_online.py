@@ -24,7 +24,6 @@ def search_index(n_sessions: int, enc, seed: int = 0):
     from ..expand import expand_dataset
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
-    from ..retrieve.graphs import build_graph
     from ..retrieve.meta import ConversationMeta, GraphParams
     from ..synth import write_synthetic
 
@@ -57,7 +56,7 @@ def search_index(n_sessions: int, enc, seed: int = 0):
         config={"encoder": enc.describe(), "encoder_fingerprint": enc.fingerprint,
                 "expansion": exp.config},
         turns=unit(n_turns), turn_ptr=turn_ptr)
-    idx.graphs["gmm"] = build_graph(idx, idx.params, device="cpu", progress=False)
+    idx.graph(device="cpu")  # the MemGAS graph, built once (as MemoryIndex.build does)
     return idx, conv.id
 
 

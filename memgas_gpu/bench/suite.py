@@ -32,7 +32,7 @@ from .timing import Deadline
 
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
-STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "gam")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,12 @@ class SuiteScale:
     index_full_haystacks: Optional[int] = None
     doc_len: int = 200  # BM25 terms per session
     search_sessions: int = 500  # sessions of the conversation of the online search point
+    # memory service: add / remove / search against the conversations the index holds
+    online_conversations: tuple = (10, 40, 160, 320, 1000)
+    online_sessions: int = 50
+    online_calls: int = 30
+    online_haystacks: tuple = (500, 500, 10000)  # haystacks, sessions each, distinct pool
+    online_encoder: str = "tiny"
 
 
 SCALES = {
@@ -67,7 +73,8 @@ SCALES = {
                        io_shape=(4, 20), index_shape=dict(questions=2, sessions=8, turns=4,
                                                           words=15),
                        index_encoder="tiny", index_ref_questions=1, doc_len=30,
-                       search_sessions=20),
+                       search_sessions=20, online_conversations=(2, 4, 8), online_sessions=10,
+                       online_calls=4, online_haystacks=(4, 20, 60)),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -171,8 +178,8 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io", "search", "gam"), cfg, dev, stages, reference, deadline, res,
-                       tmp, log)
+            _headlines(("io", "search", "online", "gam"), cfg, dev, stages, reference,
+                       deadline, res, tmp, log)
     finally:
         torch.set_num_threads(old_threads)
     res.meta["seconds"] = deadline.elapsed
@@ -261,6 +268,8 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             enc = make_encoder(cfg.encoder, dev, tmp)
             recs = search_point(enc, cfg.search_sessions, calls=cfg.latency_calls, log=log)
             del enc
+        elif stage == "online":
+            recs = _online(cfg, dev, tmp, log)
         else:
             from ..synth import write_synthetic
 
@@ -274,6 +283,20 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             os.unlink(path)
         _add(res, recs, log, headline=True)
         log(f"  ({time.perf_counter() - t0:.1f} s)")
+
+
+def _online(cfg: SuiteScale, dev, tmp: str, log) -> list:
+    """The memory-service points: one per index size, then the LongMemEval-shaped one."""
+    from .online import haystack_point, online_point
+
+    enc = make_encoder(cfg.online_encoder, dev, tmp)
+    recs = []
+    for c in cfg.online_conversations:
+        recs += online_point(enc, c, cfg.online_sessions, calls=cfg.online_calls,
+                             device=str(dev), log=log)
+    h, n, pool = cfg.online_haystacks
+    recs += haystack_point(enc, h, n, pool, calls=cfg.online_calls, device=str(dev), log=log)
+    return recs
 
 
 def scale_with(scale: str, **changes) -> SuiteScale:

@@ -30,18 +30,18 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .. import ops
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.granularity import expand_dataset
-from ..granularity import CODES, N_GRAN
+from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
-from .graphs import build_graph, candidates, edges_of
+from .graphs import build_graph
 from .meta import ConversationMeta, GraphParams
 from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
                        with_segment)
 from .store import SessionStore
+from .writes import append_session, check_session, grow_graph
 from .texts import TextTable
 
 __all__ = ["MemoryIndex", "GraphParams", "EncoderMismatchError"]
@@ -425,7 +425,8 @@ class MemoryIndex:
             slot = store.find(session, st.tables)
             fresh = slot is None
             if fresh:
-                slot = self._append_session(session, summary, keywords, enc)
+                slot = append_session(self._store, session, summary, keywords, enc,
+                                      self.dim)
             else:
                 store.ref(slot, session.id)
             try:
@@ -434,8 +435,9 @@ class MemoryIndex:
                                    else torch.zeros(0, dtype=torch.long),
                                    torch.tensor([slot])])
                 keys = (old.graphs.keys() if old is not None else self._persisted_keys(st))
-                graphs = {k: self._grow(old.graphs[k] if old is not None else empty_local(0),
-                                        tables.gran[slots], k) for k in keys}
+                graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_local(0),
+                                        tables.gran[slots],
+                                        GraphParams.from_key(k, self.params)) for k in keys}
             except BaseException:
                 store.unref(slot, session.id)
                 raise
@@ -445,54 +447,6 @@ class MemoryIndex:
             seg = Segment(meta, slots, graphs)
             self._publish(with_segment(st, len(st.segments) if ci is None else ci, seg,
                                        tables), [old.version] if old is not None else [])
-
-    def _append_session(self, session: Session, summary, keywords, enc) -> int:
-        """Encode and tokenise a new distinct session and append it to the store."""
-        from ..expand.offline import OfflineExtractor
-
-        if summary is None or keywords is None:
-            u, k = OfflineExtractor().expand([session.text], progress=False)
-            summary = u[0] if summary is None else summary
-            keywords = k[0] if keywords is None else keywords
-        store = self._store
-        texts = [session.text, *session.turns, summary, keywords]
-        if store.concat is not None:
-            texts.append(f"{summary} {keywords} {session.text}")
-        emb, _ = encode_unique(enc, texts, progress=False)
-        if emb.shape[-1] != self.dim:
-            raise ValueError(f"the encoder gives {emb.shape[-1]}-dimensional embeddings; "
-                             f"this index holds {self.dim}")
-        if not bool(torch.isfinite(emb).all()):
-            raise ValueError(f"session {session.id!r}: the encoder returned NaN or infinite "
-                             "embeddings; nothing was added")
-        nt = len(session.turns)
-        t = emb[1:1 + nt].mean(0) if nt else torch.zeros(emb.shape[-1])
-        row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]])
-        docs = None
-        if store.lexical is not None:
-            from ..lexical import TermMatrix
-
-            lex = store.lexical
-            parts = {"S": [session.text], "T": list(session.turns), "U": [summary],
-                     "K": [keywords]}
-            docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
-                                            for x in parts[g]]) for g in CODES}
-        return store.append(row, emb[3 + nt] if store.concat is not None else None,
-                            emb[1:1 + nt], session.turns, docs, session.id)
-
-    def _grow(self, graph, gran: Tensor, key: str):
-        """Local ``graph`` of a conversation with its new last session linked (only its
-        nodes get new edges, as in a rebuild); ``gran``: ``[n, N_GRAN, d]``."""
-        n = int(gran.shape[0])
-        emb = gran.reshape(n * N_GRAN, -1)
-        sess = torch.arange(n).repeat_interleave(N_GRAN)
-        p = GraphParams.from_key(key, self.params)
-        gmm = p.rule == "gmm"
-        new = ops.association_edges(emb, sess.to(emb.device), m=candidates(p, n * N_GRAN),
-                                    skip_sessions=p.skip_sessions,
-                                    accept="gmm" if gmm else "all",
-                                    first_node=(n - 1) * N_GRAN).cpu()
-        return ops.symmetric_csr(torch.cat([edges_of(graph), new], dim=1), n * N_GRAN)
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
@@ -624,28 +578,6 @@ class MemoryIndex:
         got = self._full().graph(params or self.params, device)
         self._graph_keys = self._graph_keys | {(params or self.params).key()}
         return got
-
-
-def check_session(conversation_id, session, summary, keywords) -> None:
-    """Refuse, before anything changes, what :meth:`MemoryIndex.add_session` cannot store
-    (one line naming the field)."""
-    if not isinstance(conversation_id, str) or not conversation_id:
-        raise TypeError(f"conversation_id must be a non-empty string, got "
-                        f"{conversation_id!r}")
-    if not isinstance(session, Session):
-        raise TypeError(f"session must be a memgas_gpu.Session, got {type(session).__name__}"
-                        " (Session.from_messages builds one from chat messages)")
-    if not isinstance(session.id, str) or not session.id:
-        raise TypeError(f"session.id must be a non-empty string, got {session.id!r}")
-    if not isinstance(session.date, str):
-        raise TypeError(f"session {session.id!r}: date must be a string ('' when "
-                        f"unknown), got {session.date!r}")
-    if not isinstance(session.turns, (tuple, list)) or \
-            not all(isinstance(t, str) for t in session.turns):
-        raise TypeError(f"session {session.id!r}: turns must be a tuple of strings")
-    for name, value in (("summary", summary), ("keywords", keywords)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
 
 
 def _encoder_source(encoder) -> Optional[dict]:

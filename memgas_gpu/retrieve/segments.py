@@ -26,7 +26,6 @@ from torch import Tensor
 from ..granularity import N_GRAN, expand_ranges
 from .meta import ConversationMeta, GraphParams
 from .store import StoreTables, gather_lexical
-from .texts import TextTable
 
 __all__ = ["Segment", "State", "View", "next_version", "split_graph", "join_graphs",
            "local_graph", "empty_local", "with_segment"]

@@ -1,0 +1,85 @@
+"""The write path of a memory index: what ``add_session`` checks, encodes and links."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..data.model import Session
+from ..granularity import CODES, N_GRAN
+from .embed import encode_unique
+from .graphs import candidates, edges_of
+from .meta import GraphParams
+
+__all__ = ["check_session", "append_session", "grow_graph"]
+
+
+def check_session(conversation_id, session, summary, keywords) -> None:
+    """Refuse, before anything changes, what :meth:`MemoryIndex.add_session` cannot store
+    (one line naming the field)."""
+    if not isinstance(conversation_id, str) or not conversation_id:
+        raise TypeError(f"conversation_id must be a non-empty string, got "
+                        f"{conversation_id!r}")
+    if not isinstance(session, Session):
+        raise TypeError(f"session must be a memgas_gpu.Session, got {type(session).__name__}"
+                        " (Session.from_messages builds one from chat messages)")
+    if not isinstance(session.id, str) or not session.id:
+        raise TypeError(f"session.id must be a non-empty string, got {session.id!r}")
+    if not isinstance(session.date, str):
+        raise TypeError(f"session {session.id!r}: date must be a string ('' when "
+                        f"unknown), got {session.date!r}")
+    if not isinstance(session.turns, (tuple, list)) or \
+            not all(isinstance(t, str) for t in session.turns):
+        raise TypeError(f"session {session.id!r}: turns must be a tuple of strings")
+    for name, value in (("summary", summary), ("keywords", keywords)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+
+
+def append_session(store, session: Session, summary, keywords, enc, dim: int) -> int:
+    """Encode and tokenise a new distinct session and append it to ``store``; returns its
+    slot.  Checks the embeddings (width ``dim``, finite) before the store changes."""
+    from ..expand.offline import OfflineExtractor
+
+    if summary is None or keywords is None:
+        u, k = OfflineExtractor().expand([session.text], progress=False)
+        summary = u[0] if summary is None else summary
+        keywords = k[0] if keywords is None else keywords
+    texts = [session.text, *session.turns, summary, keywords]
+    if store.concat is not None:
+        texts.append(f"{summary} {keywords} {session.text}")
+    emb, _ = encode_unique(enc, texts, progress=False)
+    if emb.shape[-1] != dim:
+        raise ValueError(f"the encoder gives {emb.shape[-1]}-dimensional embeddings; "
+                         f"this index holds {dim}")
+    if not bool(torch.isfinite(emb).all()):
+        raise ValueError(f"session {session.id!r}: the encoder returned NaN or infinite "
+                         "embeddings; nothing was added")
+    nt = len(session.turns)
+    t = emb[1:1 + nt].mean(0) if nt else torch.zeros(emb.shape[-1])
+    row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]])
+    docs = None
+    if store.lexical is not None:
+        from ..lexical import TermMatrix
+
+        lex = store.lexical
+        parts = {"S": [session.text], "T": list(session.turns), "U": [summary],
+                 "K": [keywords]}
+        docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
+                                        for x in parts[g]]) for g in CODES}
+    return store.append(row, emb[3 + nt] if store.concat is not None else None,
+                        emb[1:1 + nt], session.turns, docs, session.id)
+
+
+def grow_graph(graph, gran: Tensor, p: GraphParams):
+    """Local ``graph`` of a conversation with its new last session linked (only its
+    nodes get new edges, as in a rebuild); ``gran``: ``[n, N_GRAN, d]``."""
+    n = int(gran.shape[0])
+    emb = gran.reshape(n * N_GRAN, -1)
+    sess = torch.arange(n).repeat_interleave(N_GRAN)
+    gmm = p.rule == "gmm"
+    new = ops.association_edges(emb, sess.to(emb.device), m=candidates(p, n * N_GRAN),
+                                skip_sessions=p.skip_sessions,
+                                accept="gmm" if gmm else "all",
+                                first_node=(n - 1) * N_GRAN).cpu()
+    return ops.symmetric_csr(torch.cat([edges_of(graph), new], dim=1), n * N_GRAN)
