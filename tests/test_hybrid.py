@@ -173,26 +173,26 @@ def test_extractive_summaries_drop_the_summary_signals(locomo_index):
     that the Retrieval records; named signals are used as given."""
     import copy
 
-    from memgas_gpu.retrieve import DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS
+    from memgas_gpu.retrieve import HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS
     from memgas_gpu.retrieve.engine import auto_signals, resolve
 
     _, idx = locomo_index
-    assert auto_signals(idx)[0] == DEFAULT_SIGNALS  # LoCoMo's own summaries
-    assert resolve(idx, "memgas_hybrid")[0].signals == DEFAULT_SIGNALS
+    assert auto_signals(idx)[0] == HYBRID_SIGNALS  # LoCoMo's own summaries
+    assert resolve(idx, "memgas_hybrid")[0].signals == HYBRID_SIGNALS
     off = copy.copy(idx)
     off.config = {**idx.config, "expansion": {**idx.config["expansion"],
                                              "summaries": {"name": "offline",
                                                            "method": "offline"}}}
-    assert auto_signals(off)[0] == EXTRACTIVE_SIGNALS
+    assert auto_signals(off)[0] == HYBRID_EXTRACTIVE_SIGNALS
     p, info = resolve(off, "memgas_hybrid")
-    assert p.signals == EXTRACTIVE_SIGNALS and "extractive" in info["reason"]
+    assert p.signals == HYBRID_EXTRACTIVE_SIGNALS and "extractive" in info["reason"]
     mine = ("bm25_S", "dense_U")
     assert resolve(off, "memgas_hybrid", signals=mine)[0].signals == mine
     q = range(20)
     a = retrieve(off, questions=q, method="memgas_hybrid", device="cpu")
-    assert a.params["signals"] == "+".join(EXTRACTIVE_SIGNALS)
+    assert a.params["signals"] == "+".join(HYBRID_EXTRACTIVE_SIGNALS)
     assert a.params["signals_rule"]["signals"] == "auto"
     b = retrieve(idx, questions=q, method="memgas_hybrid", device="cpu",
-                 signals=EXTRACTIVE_SIGNALS)
+                 signals=HYBRID_EXTRACTIVE_SIGNALS)
     assert "signals_rule" not in b.params
     torch.testing.assert_close(a.scores, b.scores)

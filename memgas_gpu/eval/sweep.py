@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..retrieve.engine import (DEFAULT_SIGNALS, EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
+from ..retrieve.engine import (HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
                                finish, resolve, time_cue)
 from ..retrieve.graphs import read_graph
 from ..retrieve.search import Retrieval, question_batch
@@ -45,7 +45,7 @@ def signal_set(spec: str) -> tuple:
                "dense": tuple(s for s in sig if SIGNALS[s].kind == "dense"
                               and s != "dense_concat"),
                "lexical": tuple(s for s in sig if SIGNALS[s].kind == "lexical"),
-               "default": DEFAULT_SIGNALS, "extractive": EXTRACTIVE_SIGNALS}
+               "default": HYBRID_SIGNALS, "extractive": HYBRID_EXTRACTIVE_SIGNALS}
     if spec in aliases:
         return aliases[spec]
     out = tuple(x for x in spec.split("+") if x)

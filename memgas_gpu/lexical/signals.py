@@ -29,14 +29,16 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..granularity import CODES
 from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 
-__all__ = ["LEXICAL_SIGNALS", "BM25Params", "GranularityPostings", "lexical_signals",
-           "lexical_postings"]
+__all__ = ["LEXICAL_SIGNALS", "BUILTIN_SPECS", "BM25Params", "GranularityPostings",
+           "lexical_signals", "lexical_postings"]
 
 LEXICAL_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
-_GRAN = {"bm25_S": "S", "bm25_Tmax": "T", "bm25_Tmean": "T", "bm25_U": "U", "bm25_K": "K"}
+#: ``{name: (document set, how a session's documents combine)}`` of the built-in signals
+#: (the signal registry, :mod:`memgas_gpu.retrieve.signals`, passes its own)
+BUILTIN_SPECS = {"bm25_S": ("S", "sum"), "bm25_Tmax": ("T", "max"),
+                 "bm25_Tmean": ("T", "mean"), "bm25_U": ("U", "sum"), "bm25_K": ("K", "sum")}
 
 
 @dataclass
@@ -57,7 +59,7 @@ class GranularityPostings:
             documents of this granularity enumerated conversation by conversation,
             session by session (one per session for S, U, K; one per turn for T).
         doc_session: ``[n_docs]`` session position (within its conversation) of each doc.
-        doc_weight: ``[n_docs]`` 1 / (turns of the doc's session) for T (the mean), else 1.
+        doc_weight: ``[n_docs]`` 1 / (documents of the doc's session), for ``"mean"``.
         conv_offsets, row_slot: the index layout it was built for (checked on use).
     """
 
@@ -127,8 +129,7 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
         docs = lex.docs[granularity].rows(doc_ids).to(dev)
         post = bm25_postings(docs.indptr, docs.indices, docs.tf, row_conv[doc_row].to(dev), V,
                              k1=p.k1, b=p.b, method=p.method)
-        weight = 1.0 / cnt[doc_row].clamp_min(1).float() if granularity == "T" else \
-            torch.ones(doc_row.numel())
+        weight = 1.0 / cnt[doc_row].clamp_min(1).float()
         parts.append((post, row_pos[doc_row], weight, n_docs))
         n_docs += doc_row.numel()
     if parts:
@@ -155,7 +156,7 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
                     names: Sequence[str] = LEXICAL_SIGNALS, params: Optional[BM25Params] = None,
                     device: Optional[str] = None, max_nnz: int = 1 << 24,
                     queries=None, query_conversation: Optional[Tensor] = None,
-                    lexical=None) -> dict:
+                    lexical=None, specs: Optional[dict] = None) -> dict:
     """BM25 signals ``{name: [Q, N_max] float32}`` (0 where no term matches; padding
     past a conversation's end is 0 too: mask it with the session counts).
 
@@ -175,13 +176,21 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
             ``index.lexical`` (same distinct sessions, e.g. another tokenizer); its own
             postings cache is used.
+        specs: ``{name: (document set, reduce)}`` for signals beyond
+            :data:`BUILTIN_SPECS` (``reduce``: ``"sum"``, ``"max"`` or ``"mean"`` over a
+            session's documents).
     """
     lex = lexical if lexical is not None else getattr(index, "lexical", None)
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
-    bad = [n for n in names if n not in _GRAN]
+    spec = {**BUILTIN_SPECS, **(specs or {})}
+    bad = [n for n in names if n not in spec]
     if bad:
-        raise ValueError(f"unknown lexical signal(s) {bad}; choose from {LEXICAL_SIGNALS}")
+        raise ValueError(f"unknown lexical signal(s) {bad}; choose from {tuple(spec)}")
+    missing = sorted({spec[n][0] for n in names} - set(lex.docs))
+    if missing:
+        raise ValueError(f"this index stores no lexical documents {missing} (signals "
+                         f"{[n for n in names if spec[n][0] in missing]})")
     p = params or BM25Params()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if query_conversation is not None:
@@ -204,7 +213,7 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
     n_max = int(n.max()) if n.numel() else 0
     Q = conv.numel()
     out = {name: torch.zeros(Q, n_max, dtype=torch.float32, device=dev) for name in names}
-    grans = sorted({_GRAN[x] for x in names}, key=CODES.index)
+    grans = list(dict.fromkeys(spec[x][0] for x in names))
     if Q == 0 or not grans or n_max == 0:
         return out
     qm = qmat.to(dev)
@@ -215,16 +224,17 @@ def lexical_signals(index, questions: Optional[Tensor] = None,
         val = val.float()
         flat = gp.doc_session.index_select(0, doc).add_(q * n_max)
         for name in names:
-            if _GRAN[name] != g:
+            if spec[name][0] != g:
                 continue
             o = out[name].view(-1)
-            if name == "bm25_Tmax":  # per-turn sums first, then the max over turns
+            reduce = spec[name][1]
+            if reduce == "max":  # per-document sums first, then the max over documents
                 n_docs = max(int(gp.doc_session.numel()), 1)
                 key, inv = torch.unique(q * n_docs + doc, return_inverse=True)
                 turn = torch.zeros(key.numel(), device=dev).index_add_(0, inv, val)
                 qd, dd = key // n_docs, key % n_docs
                 o.scatter_reduce_(0, qd * n_max + gp.doc_session[dd], turn, "amax")
-            elif name == "bm25_Tmean":
+            elif reduce == "mean":
                 o.index_add_(0, flat, val * gp.doc_weight.index_select(0, doc))
             else:
                 o.index_add_(0, flat, val)

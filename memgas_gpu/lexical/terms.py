@@ -109,16 +109,24 @@ class LexicalIndex:
 
     @classmethod
     def build(cls, sessions: Sequence, summaries: Sequence[str], keywords: Sequence[str],
-              questions: Sequence[str], tokenizer: Optional[Tokenizer] = None) -> "LexicalIndex":
+              questions: Sequence[str], tokenizer: Optional[Tokenizer] = None,
+              extra: Optional[dict] = None) -> "LexicalIndex":
         """Tokenise distinct ``sessions`` (slot order) with their summary and keyword
-        texts, and the question texts (default tokenizer: ``Tokenizer(stopwords="en_plus")``)."""
+        texts, and the question texts (default tokenizer: ``Tokenizer(stopwords="en_plus")``).
+
+        Args:
+            extra: ``{document set: text(session, summary, keywords) -> str}``: further
+                document sets of one document per session (lexical signals with a text of
+                their own, :mod:`memgas_gpu.retrieve.signals`).
+        """
         tok = tokenizer or Tokenizer(stopwords=INDEX_STOPWORDS)
         vocab = Vocabulary()
         docs, ptr = {}, {}
         texts = {"S": [[s.text] for s in sessions], "T": [list(s.turns) for s in sessions],
                  "U": [[u] for u in summaries], "K": [[k] for k in keywords]}
-        for g in LEXICAL_GRANULARITIES:
-            per = texts[g]
+        for key, fn in (extra or {}).items():
+            texts[key] = [[fn(s, u, k)] for s, u, k in zip(sessions, summaries, keywords)]
+        for g, per in texts.items():
             docs[g] = TermMatrix.from_ids([vocab.encode(tok.tokens(t)) for d in per for t in d])
             ptr[g] = torch.tensor([0] + [len(d) for d in per], dtype=torch.int64).cumsum(0)
         # question terms get ids even when no document has them yet: a session added
@@ -139,7 +147,7 @@ class LexicalIndex:
         """Flat tensor dict (safetensors): CSR parts per granularity, queries, and the
         vocabulary as UTF-8 bytes with offsets."""
         out = {}
-        for g in LEXICAL_GRANULARITIES:
+        for g in self.docs:
             m = self.docs[g]
             out.update({f"{prefix}{g}.indptr": m.indptr, f"{prefix}{g}.indices": m.indices,
                         f"{prefix}{g}.tf": m.tf, f"{prefix}{g}.doc_ptr": self.doc_ptr[g]})
@@ -154,13 +162,13 @@ class LexicalIndex:
         return out
 
     @classmethod
-    def from_tensors(cls, t: dict, tokenizer_config: dict,
-                     prefix: str = "lexical.") -> "LexicalIndex":
+    def from_tensors(cls, t: dict, tokenizer_config: dict, prefix: str = "lexical.",
+                     keys: Sequence[str] = LEXICAL_GRANULARITIES) -> "LexicalIndex":
         raw = t[f"{prefix}vocab.bytes"].numpy().tobytes()
         off = t[f"{prefix}vocab.offsets"].tolist()
         vocab = Vocabulary(raw[a:b].decode("utf-8") for a, b in zip(off[:-1], off[1:]))
         docs, ptr = {}, {}
-        for g in LEXICAL_GRANULARITIES:
+        for g in keys:
             docs[g] = TermMatrix(t[f"{prefix}{g}.indptr"], t[f"{prefix}{g}.indices"],
                                  t[f"{prefix}{g}.tf"].float())
             ptr[g] = t[f"{prefix}{g}.doc_ptr"]
@@ -169,17 +177,19 @@ class LexicalIndex:
 
     def describe(self) -> dict:
         return {"tokenizer": self.tokenizer.describe(), "n_terms": len(self.vocab),
-                "granularities": list(LEXICAL_GRANULARITIES)}
+                "granularities": list(self.docs)}
 
 
 def build_lexical(dataset, expansion, sessions: Sequence, questions: Sequence[str],
-                  tokenizer: Optional[Tokenizer] = None) -> LexicalIndex:
+                  tokenizer: Optional[Tokenizer] = None,
+                  extra: Optional[dict] = None) -> LexicalIndex:
     """:class:`LexicalIndex` of the distinct ``sessions`` (in embedding-table slot order),
-    with their summary and keyword texts from ``expansion``."""
+    with their summary and keyword texts from ``expansion`` (``extra``: see
+    :meth:`LexicalIndex.build`)."""
     u_by, k_by = {}, {}
     for c in dataset:
         for s, u, k in zip(c.sessions, expansion.summaries[c.id], expansion.keywords[c.id]):
             u_by.setdefault(s.key, u)
             k_by.setdefault(s.key, k)
     return LexicalIndex.build(sessions, [u_by[s.key] for s in sessions],
-                              [k_by[s.key] for s in sessions], questions, tokenizer)
+                              [k_by[s.key] for s in sessions], questions, tokenizer, extra)

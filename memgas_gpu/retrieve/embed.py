@@ -52,8 +52,9 @@ class SessionTable:
     Attributes:
         gran: ``[n_distinct, 4, d]``: session text S, mean of turn embeddings T (zeros
             for a session without turns), summary U, keywords K.
-        concat: ``[n_distinct, d]`` embedding of ``"{summary} {keywords} {session}"``
-            (the reference's "hybrid" text) or None when not computed.
+        dense: table name → ``[n_distinct, d]`` embedding of a text of each session
+            (``"concat"``: ``"{summary} {keywords} {session}"``, the reference's "hybrid"
+            text; the tables of registered signals with a text of their own).
         sessions: the distinct Session objects, in table order.
         turns: ``[n_turns, d]`` embedding of every turn of the distinct sessions (table
             order), or None; session ``j``'s turns are ``turn_ptr[j]:turn_ptr[j+1]``.
@@ -61,21 +62,27 @@ class SessionTable:
     """
 
     gran: Tensor
-    concat: Optional[Tensor]
+    dense: dict
     sessions: list[Session]
     turns: Optional[Tensor] = None
     turn_ptr: Optional[Tensor] = None
 
+    @property
+    def concat(self) -> Optional[Tensor]:
+        return self.dense.get("concat")
+
 
 def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = None,
-                   concat: bool = True, progress: Optional[bool] = None
+                   tables: Optional[dict] = None, progress: Optional[bool] = None
                    ) -> tuple[SessionTable, dict]:
-    """S, T (turn mean), U, K (and concat) embeddings for every distinct session."""
+    """S, T (turn mean), U, K embeddings for every distinct session, and the dense
+    ``tables`` (``{name: text(session, summary, keywords) -> str}``)."""
     slot: dict[tuple, int] = {}
     sessions: list[Session] = []
     u_text: list[str] = []
     k_text: list[str] = []
-    c_text: list[str] = []
+    tables = dict(tables or {})
+    extra: dict = {name: [] for name in tables}
     for c in ds:
         for s, u, k in zip(c.sessions, exp.summaries[c.id], exp.keywords[c.id]):
             if s.key in slot:
@@ -84,12 +91,12 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
             sessions.append(s)
             u_text.append(u)
             k_text.append(k)
-            if concat:
-                c_text.append(f"{u} {k} {s.text}")
+            for name, fn in tables.items():
+                extra[name].append(fn(s, u, k))
     n = len(sessions)
     turn_counts = [len(s.turns) for s in sessions]
     texts = ([s.text for s in sessions] + [t for s in sessions for t in s.turns]
-             + u_text + k_text + c_text)
+             + u_text + k_text + [x for name in tables for x in extra[name]])
     emb, stats = encode_unique(encoder, texts, store=store, progress=progress)
     d = emb.shape[1]
     s_emb = emb[:n]
@@ -97,7 +104,7 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
     t_flat = emb[n:n + n_turns]
     off = n + n_turns
     u_emb, k_emb = emb[off:off + n], emb[off + n:off + 2 * n]
-    c_emb = emb[off + 2 * n:off + 3 * n] if concat else None
+    dense = {name: emb[off + (2 + i) * n:off + (3 + i) * n] for i, name in enumerate(tables)}
     # T = mean of the session's turn embeddings (zeros when it has none), as the reference
     owner = torch.repeat_interleave(torch.arange(n), torch.tensor(turn_counts, dtype=torch.long))
     t_sum = torch.zeros(n, d).index_add_(0, owner, t_flat)
@@ -105,4 +112,4 @@ def embed_sessions(ds: Dataset, exp: Expansion, encoder: Any, *, store: Any = No
     gran = torch.stack([s_emb, t_emb, u_emb, k_emb], dim=1)
     turn_ptr = torch.cat([torch.zeros(1, dtype=torch.long),
                           torch.tensor(turn_counts, dtype=torch.long).cumsum(0)])
-    return SessionTable(gran, c_emb, sessions, t_flat, turn_ptr), stats
+    return SessionTable(gran, dense, sessions, t_flat, turn_ptr), stats

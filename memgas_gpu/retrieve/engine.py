@@ -36,9 +36,9 @@ from ..ops.normalise import NORMS
 from .signals import (SIGNALS, QueryBatch, SignalContext, compute_signals, query_layout,
                       signal_nodes)
 
-__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
-           "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError", "SettingsError", "resolve", "read_path",
-           "score", "auto_signals"]
+__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "HYBRID_SIGNALS",
+           "HYBRID_EXTRACTIVE_SIGNALS", "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError",
+           "SettingsError", "resolve", "read_path", "score", "auto_signals", "batch_view"]
 
 FUSIONS = ("ppr", "seeds", "sum", "rrf")
 GRAPHS = ("dense", "topk", "lexical", "both", "none")
@@ -47,10 +47,10 @@ ROUTERS = ("inverse", "one_minus", "uniform")
 MEMGAS_SIGNALS = ("dense_S", "dense_T", "dense_U", "dense_K")
 #: ``memgas_hybrid``'s signals when the summaries are written (LLM, dataset, file): BM25
 #: over sessions, best turn and summaries, dense best turn and summaries (docs/hybrid.md)
-DEFAULT_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U")
+HYBRID_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U")
 #: ``memgas_hybrid``'s signals when the summaries are extractive (sentences copied from
 #: the session, ``summaries="offline"``): the U signals would count the S evidence twice
-EXTRACTIVE_SIGNALS = ("bm25_S", "bm25_Tmax", "dense_Tmax")
+HYBRID_EXTRACTIVE_SIGNALS = ("bm25_S", "bm25_Tmax", "dense_Tmax")
 
 
 class NonFiniteScoresError(MemgasError):
@@ -183,16 +183,17 @@ _FIELDS = {f.name for f in fields(ReadParams)}
 
 
 def auto_signals(index) -> tuple[tuple, str]:
-    """The rule behind ``signals="auto"``: :data:`EXTRACTIVE_SIGNALS` when the index's
-    summaries are extractive (copied sentences), else :data:`DEFAULT_SIGNALS`.
+    """The rule behind ``signals="auto"``: :data:`HYBRID_EXTRACTIVE_SIGNALS` when the
+    index's summaries are extractive (copied sentences), else :data:`HYBRID_SIGNALS`.
 
     Returns:
         ``(signals, reason)``; the reason is printed by ``memgas eval`` and recorded.
     """
     summ = ((getattr(index, "config", None) or {}).get("expansion") or {}).get("summaries")
     if isinstance(summ, dict) and summ.get("method") == "offline":
-        return EXTRACTIVE_SIGNALS, "summaries are extractive (offline): U signals left out"
-    return DEFAULT_SIGNALS, "summaries are written (not extractive)"
+        return (HYBRID_EXTRACTIVE_SIGNALS,
+                "summaries are extractive (offline): U signals left out")
+    return HYBRID_SIGNALS, "summaries are written (not extractive)"
 
 
 def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,

@@ -40,6 +40,7 @@ from .graphs import build_graph
 from .meta import ConversationMeta, GraphParams
 from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
                        with_segment)
+from .signals import stored_texts
 from .store import SessionStore
 from .writes import append_session, check_session, grow_graph
 from .texts import TextTable
@@ -76,7 +77,7 @@ class MemoryIndex:
                  graphs: dict[str, tuple[Tensor, Tensor]], params: GraphParams,
                  config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
                  turn_ptr: Optional[Tensor] = None,
-                 turn_text: Optional[TextTable] = None,
+                 turn_text: Optional[TextTable] = None, tables: Optional[dict] = None,
                  max_views: int = DEFAULT_MAX_VIEWS) -> None:
         ids: dict = {}
         for i, c in enumerate(conversations):
@@ -92,7 +93,10 @@ class MemoryIndex:
         self._encoder = None
         self._write_lock = threading.RLock()
         self._cache = ViewCache(max_views)
-        self._store = SessionStore(gran, concat, turns, turn_ptr, turn_text, lexical)
+        dense = dict(tables or {})
+        if concat is not None:
+            dense["concat"] = concat
+        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical)
         self._graph_keys = frozenset(graphs)
         offs = conv_offsets.tolist()
         parts = {k: split_graph(ip, ix, conv_offsets) for k, (ip, ix) in graphs.items()}
@@ -172,7 +176,10 @@ class MemoryIndex:
                              progress=progress)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, concat=concat,
+        dense = stored_texts("dense")
+        if not concat:
+            dense.pop("concat", None)
+        table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, tables=dense,
                                           progress=progress)
         questions = [q for c in dataset for q in c.questions]
         q_emb, q_stats = encode_unique(encoder, [q.text for q in questions], store=store,
@@ -184,7 +191,7 @@ class MemoryIndex:
 
             t0 = time.perf_counter()
             lex = build_lexical(dataset, exp, table.sessions, [q.text for q in questions],
-                                tokenizer)
+                                tokenizer, extra=stored_texts("lexical"))
             timings["lexical_s"] = time.perf_counter() - t0
         slot = {s.key: i for i, s in enumerate(table.sessions)}
         row_slot = torch.tensor([slot[s.key] for c in dataset for s in c.sessions],
@@ -206,7 +213,7 @@ class MemoryIndex:
         }
         d = table.gran.shape[-1]
         idx = cls(conversations=metas, questions=questions, conv_offsets=conv_offsets,
-                  row_slot=row_slot, gran=table.gran, concat=table.concat,
+                  row_slot=row_slot, gran=table.gran, concat=None, tables=table.dense,
                   q_emb=q_emb if len(questions) else torch.zeros(0, d),
                   q_conv=q_conv, graphs={},
                   params=GraphParams(m=m, skip_sessions=skip_sessions), config=config,
@@ -543,6 +550,11 @@ class MemoryIndex:
     row_slot = property(lambda self: self.snapshot().row_slot)
     gran = property(lambda self: self.snapshot().gran)
     concat = property(lambda self: self.snapshot().concat)
+
+    def stored(self, table: str) -> Optional[Tensor]:
+        """The dense table ``table`` (rows by slot, as :attr:`row_slot` numbers them), or
+        None when the index does not store it."""
+        return self.snapshot().stored(table)
     turns = property(lambda self: self.snapshot().turns)
     turn_ptr = property(lambda self: self.snapshot().turn_ptr)
     turn_text = property(lambda self: self.snapshot().turn_text)

@@ -36,8 +36,10 @@ def save_index(index, path: Union[str, os.PathLike],
         "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
         "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
     }
-    if index.concat is not None:
-        tensors["concat"] = index.concat.to(dtype)
+    dense = index.tables.dense if hasattr(index, "tables") else (
+        {"concat": index.concat} if index.concat is not None else {})
+    for name, x in dense.items():  # "concat" and the tables of registered signals
+        tensors[name] = x.to(dtype)
     if index.turn_ptr is not None:
         tensors["turn_ptr"] = index.turn_ptr
     if index.turns is not None:
@@ -54,6 +56,7 @@ def save_index(index, path: Union[str, os.PathLike],
     manifest = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION,
         "params": vars(index.params), "graphs": sorted(index.graphs),
+        "tables": sorted(dense),
         "config": index.config,
         "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
@@ -98,15 +101,19 @@ def _make(manifest: dict, t: dict, cls):
                           is_abstention=q["is_abstention"]) for q in manifest["questions"]]
     lexical = None
     if manifest.get("lexical"):
-        from ..lexical import LexicalIndex
+        from ..lexical import LEXICAL_GRANULARITIES, LexicalIndex
 
-        lexical = LexicalIndex.from_tensors(t, manifest["lexical"]["tokenizer"], "lexical.")
-    concat = t.get("concat", t.get("hybrid"))  # "hybrid": indexes written before 0.2
+        lexical = LexicalIndex.from_tensors(
+            t, manifest["lexical"]["tokenizer"], "lexical.",
+            keys=manifest["lexical"].get("granularities") or LEXICAL_GRANULARITIES)
+    names = manifest.get("tables", ["concat"] if "concat" in t else [])
+    concat = t.get("hybrid")  # "hybrid": indexes written before 0.2
     text = (TextTable(t["turn_text.bytes"], t["turn_text.offsets"])
             if "turn_text.bytes" in t else None)
     return cls(conversations=convs, questions=questions,
                conv_offsets=t["conv_offsets"], row_slot=t["row_slot"],
                gran=t["gran"].float(), concat=concat.float() if concat is not None else None,
+               tables={name: t[name].float() for name in names},
                q_emb=t["q_emb"].float(), q_conv=t["q_conv"],
                graphs=graphs, params=GraphParams(**manifest["params"]),
                config=manifest["config"], lexical=lexical,

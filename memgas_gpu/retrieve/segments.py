@@ -219,7 +219,7 @@ class View:
             if t.turn_text is not None:
                 text = t.turn_text.take(tid)
         lex = gather_lexical(t, order) if t.lexical_base is not None else None
-        return StoreTables(t.gran[order], t.concat[order] if t.concat is not None else None,
+        return StoreTables(t.gran[order], {k: v[order] for k, v in t.dense.items()},
                            turns, turn_ptr, text, lex.docs if lex else None,
                            lex.doc_ptr if lex else None, t.lexical_base, t.n_terms)
 
@@ -240,6 +240,10 @@ class View:
         """``[rows*N_GRAN, d]`` interleaved node embeddings (node ``N_GRAN*row + g``)."""
         slots = self.row_slot if rows is None else self.row_slot[rows]
         return self.gran[slots].reshape(-1, self.dim)
+
+    def stored(self, table: str) -> Optional[Tensor]:
+        """The dense table ``table`` (``[n_slots, d]``, rows by slot), or None."""
+        return self.tables.dense.get(table)
 
     def local(self, conversation_index: int) -> int:
         """Position in this view of the state's conversation ``conversation_index``."""

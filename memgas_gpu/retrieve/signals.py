@@ -2,9 +2,19 @@
 
 A *signal* is a ``[Q, N]`` score of each query against the N sessions of its own
 conversation, attached to one granularity node of the association graph (where its
-weight seeds PageRank).  Adding a signal is one :func:`register` call with the function
-that computes it (a function may compute several signals that share work, e.g. the four
-dense granularity cosines come from one product per conversation).
+weight seeds PageRank).  The registry is the only home of a signal: adding one is one
+:func:`register` call, and everything else derives from what it declares:
+
+* a signal over data the index already stores names the function that computes it
+  (a function may compute several signals that share work, e.g. the four dense
+  granularity cosines come from one product per conversation) and what it ``needs``;
+* a signal over a text of its own passes ``text(session, summary, keywords) -> str``:
+  ``MemoryIndex.build`` and ``add_session`` store that text of every session (dense: its
+  embedding, scored by ``<q, x>``; lexical: its tokens, one BM25 document per session),
+  ``save`` / ``load`` keep it, and :func:`available` knows whether an index has it;
+* a lexical signal scores one document set (``docs``: a granularity's documents, or its
+  own) and says how the documents of a session combine (``reduce``: ``"sum"``,
+  ``"max"``, ``"mean"``).
 
 =============== ======================================================== ====
 signal          score of session i for query q                           node
@@ -31,7 +41,8 @@ from torch import Tensor
 from ..granularity import N_GRAN, expand_ranges, granularity
 
 __all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
-           "compute_signals", "query_layout", "signal_nodes", "available"]
+           "compute_signals", "query_layout", "signal_nodes", "available", "has",
+           "stored_texts", "lexical_specs", "concat_text", "RESERVED_TABLES"]
 
 
 @dataclass
@@ -104,15 +115,36 @@ class SignalContext:
 
 @dataclass(frozen=True)
 class Signal:
-    """A registered signal: ``name``, the granularity ``node`` (code) it seeds,
-    ``kind`` (``"dense"`` or ``"lexical"``), and ``compute(ctx, names) -> {name: [Q, N]}``
-    (computes every requested signal it owns)."""
+    """A registered signal (see the module docstring).
+
+    Attributes:
+        name: its name in ``ReadParams.signals``.
+        node: the granularity code whose graph nodes it seeds.
+        kind: ``"dense"`` or ``"lexical"``.
+        compute: ``compute(ctx, names) -> {name: [Q, N]}`` (every requested signal it
+            owns).
+        description: one line for listings.
+        needs: what it reads from the index: ``"gran"``, ``"turns"``, a dense table
+            name, or ``"lexical:<docs>"``.
+        text: ``text(session, summary, keywords) -> str`` of a signal with stored data
+            of its own (its dense ``table`` or its lexical ``docs``), or None.
+        table: the dense table it reads (``"concat"`` for ``dense_concat``), or None.
+        docs: the lexical document set it scores (``"S"``, ``"T"``, ``"U"``, ``"K"`` or
+            its own name), or None.
+        reduce: how a session's lexical documents combine: ``"sum"``, ``"max"``,
+            ``"mean"``.
+    """
 
     name: str
     node: str
     kind: str
     compute: Callable[[SignalContext, Sequence[str]], dict]
     description: str = ""
+    needs: tuple = ()
+    text: Optional[Callable] = None
+    table: Optional[str] = None
+    docs: Optional[str] = None
+    reduce: str = "sum"
 
     @property
     def node_index(self) -> int:
@@ -120,14 +152,86 @@ class Signal:
 
 
 SIGNALS: dict[str, Signal] = {}
+#: names a dense table may not take (the index's own tensors)
+RESERVED_TABLES = frozenset({"gran", "turns", "turn_ptr", "q_emb", "q_conv", "row_slot",
+                             "conv_offsets"})
+REDUCTIONS = ("sum", "max", "mean")
 
 
-def register(name: str, node: str, kind: str, compute: Callable,
-             description: str = "") -> Signal:
-    """Add a signal to :data:`SIGNALS` (``node``: granularity name or code)."""
-    sig = Signal(name, granularity(node).code, kind, compute, description)
+def register(name: str, node: str, kind: str, compute: Optional[Callable] = None,
+             description: str = "", *, needs: Sequence[str] = (),
+             text: Optional[Callable] = None, table: Optional[str] = None,
+             docs: Optional[str] = None, reduce: str = "sum") -> Signal:
+    """Add a signal to :data:`SIGNALS` (see the module docstring).
+
+    Args:
+        name: the signal's name.
+        node: granularity name or code whose nodes it seeds.
+        kind: ``"dense"`` or ``"lexical"``.
+        compute: the function computing it (default: the generic one of its kind: the
+            dot product with its stored table, or BM25 over its documents).
+        description: one line.
+        needs: stored data it reads, for a ``compute`` of your own.
+        text: ``text(session, summary, keywords) -> str``: the text the index stores for
+            this signal (dense: in ``table``, default the signal's name; lexical: as the
+            document set ``docs``, default the signal's name).
+        table: the dense table it reads.
+        docs: the lexical document set it scores (a granularity code or a ``text``
+            signal's own).
+        reduce: lexical: ``"sum"`` (one document per session: its score), ``"max"`` or
+            ``"mean"`` over a session's documents.
+
+    Raises:
+        ValueError: a malformed declaration (nothing registered).
+    """
+    if not isinstance(name, str) or not name or "+" in name or "." in name:
+        raise ValueError(f"a signal name is a non-empty string without '+' or '.', got "
+                         f"{name!r}")
+    code = granularity(node).code
+    if kind not in ("dense", "lexical"):
+        raise ValueError(f"signal {name!r}: kind must be 'dense' or 'lexical', got {kind!r}")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"signal {name!r}: reduce must be one of {REDUCTIONS}, got "
+                         f"{reduce!r}")
+    if text is not None and not callable(text):
+        raise ValueError(f"signal {name!r}: text must be callable(session, summary, "
+                         "keywords) -> str")
+    needs = tuple(needs)
+    if kind == "dense":
+        if text is not None or table is not None:
+            table = table or name
+            if table in RESERVED_TABLES or "." in table:
+                raise ValueError(f"signal {name!r}: table name {table!r} is reserved")
+            needs = (table,)
+            compute = compute or _dense_table
+        elif compute is None:
+            raise ValueError(f"dense signal {name!r} needs text= (data of its own) or "
+                             "compute= (over stored data)")
+    else:
+        docs = docs or (name if text is not None else None)
+        if docs is None:
+            raise ValueError(f"lexical signal {name!r} needs docs= (a granularity code) or "
+                             "text= (documents of its own)")
+        needs = (f"lexical:{docs}",)
+        compute = compute or _bm25
+    sig = Signal(name, code, kind, compute, description, needs, text, table, docs, reduce)
     SIGNALS[name] = sig
     return sig
+
+
+def stored_texts(kind: str) -> dict:
+    """``{table or docs: text function}`` of the registered signals of ``kind`` that store
+    a text of their own (what ``MemoryIndex.build`` and ``add_session`` store)."""
+    out = {}
+    for s in SIGNALS.values():
+        if s.kind == kind and s.text is not None:
+            out[s.table if kind == "dense" else s.docs] = s.text
+    return out
+
+
+def lexical_specs(names: Sequence[str]) -> dict:
+    """``{name: (docs, reduce)}`` of lexical signals (what BM25 scores and combines)."""
+    return {n: (SIGNALS[n].docs, SIGNALS[n].reduce) for n in names}
 
 
 def _per_conversation(ctx: SignalContext):
@@ -219,18 +323,25 @@ def _dense_best_turn(ctx: SignalContext, names: Sequence[str]) -> dict:
     return {"dense_Tmax": out}
 
 
-def _dense_concat(ctx: SignalContext, names: Sequence[str]) -> dict:
-    """``dense_concat``: the reference's "hybrid" text embedding (summary + keywords +
-    session text), one product per conversation."""
+def _dense_table(ctx: SignalContext, names: Sequence[str]) -> dict:
+    """Signals with a dense table of their own (``dense_concat``: the reference's "hybrid"
+    text, summary + keywords + session): ``<q, x>``, one product per conversation."""
     idx, dev = ctx.index, ctx.device
-    if getattr(idx, "concat", None) is None:
-        raise ValueError("this index was built without concat embeddings (concat=False)")
     Q, N = len(ctx.batch), ctx.layout.n_max
-    out = torch.zeros(Q, N, dtype=torch.float32, device=dev)
-    for _, qs, a, b in _per_conversation(ctx):
-        x = idx.concat[idx.row_slot[a:b]].to(dev)
-        out[qs.to(dev), :b - a] = (ctx.batch.q_emb[qs].to(dev) @ x.T).float()
-    return {"dense_concat": out}
+    out = {}
+    for name in names:
+        table = SIGNALS[name].table
+        x_all = idx.stored(table)
+        if x_all is None:
+            raise ValueError(f"signal {name} needs the table {table!r}, which this index does "
+                             "not store" + (" (built with concat=False)"
+                                            if table == "concat" else ""))
+        o = torch.zeros(Q, N, dtype=torch.float32, device=dev)
+        for _, qs, a, b in _per_conversation(ctx):
+            x = x_all[idx.row_slot[a:b]].to(dev)
+            o[qs.to(dev), :b - a] = (ctx.batch.q_emb[qs].to(dev) @ x.T).float()
+        out[name] = o
+    return out
 
 
 def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
@@ -242,7 +353,7 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     cue = (ctx.speaker_gamma > 0 and "bm25_Tmax" in names and ctx.lexical is None
            and ctx.batch.q_text is not None)
     plain = [n for n in names if not (cue and n == "bm25_Tmax")]
-    out = lexical_signals(ctx.index, names=plain,
+    out = lexical_signals(ctx.index, names=plain, specs=lexical_specs(plain),
                           params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
                           device=str(ctx.device), queries=ctx.batch.q_terms,
                           query_conversation=ctx.batch.q_conv,
@@ -257,17 +368,24 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     return out
 
 
+def concat_text(session, summary: str, keywords: str) -> str:
+    """The reference's "hybrid" text of a session: summary, keywords, session text."""
+    return f"{summary} {keywords} {session.text}"
+
+
 for _g in ("S", "T", "U", "K"):
     register(f"dense_{_g}", _g, "dense", _dense_nodes,
-             f"<q, x> with the {granularity(_g).name} embedding")
-register("dense_Tmax", "T", "dense", _dense_best_turn, "best turn: max_t <q, turn_t>")
-register("dense_concat", "S", "dense", _dense_concat,
-         '<q, embedding of "{summary} {keywords} {session}">')
-register("bm25_S", "S", "lexical", _bm25, "BM25 against the session text")
-register("bm25_Tmax", "T", "lexical", _bm25, "best turn by BM25")
-register("bm25_Tmean", "T", "lexical", _bm25, "mean turn BM25")
-register("bm25_U", "U", "lexical", _bm25, "BM25 against the summary")
-register("bm25_K", "K", "lexical", _bm25, "BM25 against the keywords")
+             f"<q, x> with the {granularity(_g).name} embedding", needs=("gran",))
+register("dense_Tmax", "T", "dense", _dense_best_turn, "best turn: max_t <q, turn_t>",
+         needs=("turns",))
+register("dense_concat", "S", "dense", description=
+         '<q, embedding of "{summary} {keywords} {session}">', text=concat_text,
+         table="concat")
+register("bm25_S", "S", "lexical", description="BM25 against the session text", docs="S")
+register("bm25_Tmax", "T", "lexical", description="best turn by BM25", docs="T", reduce="max")
+register("bm25_Tmean", "T", "lexical", description="mean turn BM25", docs="T", reduce="mean")
+register("bm25_U", "U", "lexical", description="BM25 against the summary", docs="U")
+register("bm25_K", "K", "lexical", description="BM25 against the keywords", docs="K")
 
 
 def compute_signals(ctx: SignalContext, names: Sequence[str]) -> Tensor:
@@ -294,16 +412,19 @@ def signal_nodes(names: Sequence[str]) -> list[int]:
     return [SIGNALS[n].node_index for n in names]
 
 
+def has(index, need: str) -> bool:
+    """Whether ``index`` (a memory index or a view) stores what a signal ``needs``."""
+    if need == "gran":
+        return True
+    if need == "turns":
+        return getattr(index, "turns", None) is not None
+    if need.startswith("lexical:"):
+        lex = getattr(index, "lexical", None)
+        return lex is not None and need[len("lexical:"):] in lex.docs
+    stored = getattr(index, "stored", None)
+    return stored is not None and stored(need) is not None
+
+
 def available(index, names: Optional[Sequence[str]] = None) -> list[str]:
     """The signals (of ``names``, default all) this index can compute."""
-    out = []
-    for n in names or SIGNALS:
-        s = SIGNALS[n]
-        if s.kind == "lexical" and getattr(index, "lexical", None) is None:
-            continue
-        if n == "dense_Tmax" and getattr(index, "turns", None) is None:
-            continue
-        if n == "dense_concat" and getattr(index, "concat", None) is None:
-            continue
-        out.append(n)
-    return out
+    return [n for n in names or SIGNALS if all(has(index, x) for x in SIGNALS[n].needs)]

@@ -2,9 +2,10 @@
 grown by amortized appends and published as immutable snapshots.
 
 A slot holds one distinct session (a session shared by many LongMemEval haystacks is
-stored once): its S/T/U/K embeddings (``gran``), the ``concat`` embedding, its turns'
-embeddings and texts, and its lexical documents.  Conversations (segments,
-:mod:`.segments`) refer to slots; the store does not know them.
+stored once): its S/T/U/K embeddings (``gran``), the dense tables of signals with a text
+of their own (``concat``, ...), its turns' embeddings and texts, and its lexical
+documents (one set per granularity and per lexical signal with a text of its own).
+Conversations (segments, :mod:`.segments`) refer to slots; the store does not know them.
 
 * **Appends** write past the end of buffers with spare capacity (:class:`Growable`: the
   capacity grows by half when full), so adding a session costs O(that session), not
@@ -24,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..granularity import CODES, expand_ranges
+from ..granularity import expand_ranges
 from .texts import TextTable
 
 __all__ = ["Growable", "StoreTables", "SessionStore", "gather_lexical", "COMPACT_MIN_GARBAGE"]
@@ -113,7 +114,8 @@ class StoreTables:
 
     Attributes:
         gran: ``[n_slots, 4, d]`` S, T, U, K embeddings.
-        concat: ``[n_slots, d]`` or None.
+        dense: table name → ``[n_slots, d]`` (``"concat"``, and the tables of registered
+            dense signals with a text of their own).
         turns: ``[n_turns, d]`` or None; turn_ptr: ``[n_slots + 1]`` or None.
         turn_text: :class:`TextTable` aligned with ``turn_ptr``, or None.
         lexical_docs, lexical_ptr: per granularity the documents
@@ -126,7 +128,7 @@ class StoreTables:
     """
 
     gran: Tensor
-    concat: Optional[Tensor]
+    dense: dict
     turns: Optional[Tensor]
     turn_ptr: Optional[Tensor]
     turn_text: Optional[TextTable]
@@ -138,6 +140,10 @@ class StoreTables:
     @property
     def n_slots(self) -> int:
         return int(self.gran.shape[0])
+
+    @property
+    def concat(self) -> Optional[Tensor]:
+        return self.dense.get("concat")
 
     def lexical_index(self):
         """A fresh :class:`~memgas_gpu.lexical.LexicalIndex` over this snapshot (its own,
@@ -158,17 +164,17 @@ class SessionStore:
     them); every mutation happens under the index's write lock.
     """
 
-    def __init__(self, gran: Tensor, concat: Optional[Tensor], turns: Optional[Tensor],
+    def __init__(self, gran: Tensor, dense: dict, turns: Optional[Tensor],
                  turn_ptr: Optional[Tensor], turn_text: Optional[TextTable],
                  lexical=None) -> None:
         self.gran = Growable(gran)
-        self.concat = Growable(concat) if concat is not None else None
+        self.dense = {k: Growable(v) for k, v in dense.items()}
         self.turns = Growable(turns) if turns is not None else None
         self.turn_ptr = Growable(turn_ptr) if turn_ptr is not None else None
         self.turn_text = _GrowableText(turn_text) if turn_text is not None else None
         self.lexical = lexical
-        self.terms = ({g: _GrowableTerms(lexical.docs[g], lexical.doc_ptr[g]) for g in CODES}
-                      if lexical is not None else None)
+        self.terms = ({g: _GrowableTerms(lexical.docs[g], lexical.doc_ptr[g])
+                       for g in lexical.docs} if lexical is not None else None)
         self._refs: Optional[list] = None
         self._by_id: Optional[dict] = None
         self.garbage = 0
@@ -185,7 +191,7 @@ class SessionStore:
             for g, t in self.terms.items():
                 docs[g], ptr[g] = t.value()
         return StoreTables(
-            self.gran.value(), self.concat.value() if self.concat else None,
+            self.gran.value(), {k: v.value() for k, v in self.dense.items()},
             self.turns.value() if self.turns else None,
             self.turn_ptr.value() if self.turn_ptr else None,
             self.turn_text.value() if self.turn_text else None, docs, ptr, self.lexical,
@@ -235,14 +241,16 @@ class SessionStore:
                     del self._by_id[session_id]
 
     # ------------------------------------------------------------------ append
-    def append(self, row: Tensor, concat: Optional[Tensor], turns: Tensor,
+    def append(self, row: Tensor, dense: dict, turns: Tensor,
                turn_texts: Sequence[str], lexical_docs: Optional[dict],
                session_id: str) -> int:
-        """Add one distinct session; returns its slot (referenced once)."""
+        """Add one distinct session (``dense``: a ``[d]`` row of every dense table,
+        ``lexical_docs``: a TermMatrix of every document set); returns its slot
+        (referenced once)."""
         slot = self.n_slots
         self.gran.append(row.unsqueeze(0))
-        if self.concat is not None:
-            self.concat.append(concat.reshape(1, -1))
+        for k, g in self.dense.items():
+            g.append(dense[k].reshape(1, -1))
         if self.turns is not None:
             self.turns.append(turns)
         if self.turn_ptr is not None:
@@ -285,7 +293,7 @@ class SessionStore:
         lex = None
         if self.lexical is not None:
             lex = gather_lexical(t, keep)
-        new = SessionStore(t.gran[keep], t.concat[keep] if t.concat is not None else None,
+        new = SessionStore(t.gran[keep], {k: v[keep] for k, v in t.dense.items()},
                            turns, turn_ptr, text, lex)
         new._refs = [self._refs[i] for i in keep.tolist()]
         new._by_id = {}
@@ -302,7 +310,7 @@ def gather_lexical(t: StoreTables, slots: Tensor):
     from ..lexical import LexicalIndex
 
     docs, ptr = {}, {}
-    for g in CODES:
+    for g in t.lexical_docs:
         p = t.lexical_ptr[g]
         _, ids = expand_ranges(p, slots)
         docs[g] = t.lexical_docs[g].rows(ids)

@@ -10,6 +10,7 @@ from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
 from .graphs import candidates, edges_of
 from .meta import GraphParams
+from .signals import stored_texts
 
 __all__ = ["check_session", "append_session", "grow_graph"]
 
@@ -45,9 +46,16 @@ def append_session(store, session: Session, summary, keywords, enc, dim: int) ->
         u, k = OfflineExtractor().expand([session.text], progress=False)
         summary = u[0] if summary is None else summary
         keywords = k[0] if keywords is None else keywords
-    texts = [session.text, *session.turns, summary, keywords]
-    if store.concat is not None:
-        texts.append(f"{summary} {keywords} {session.text}")
+    dense_fn, lexical_fn = stored_texts("dense"), stored_texts("lexical")
+    missing = [k for k in store.dense if k not in dense_fn] + \
+        [k for k in (store.terms or {}) if k not in CODES and k not in lexical_fn]
+    if missing:
+        raise ValueError(f"this index stores data of the signal table(s) {missing}, whose "
+                         "signals are not registered in this process: register them before "
+                         "adding sessions")
+    names = list(store.dense)
+    texts = [session.text, *session.turns, summary, keywords,
+             *(dense_fn[k](session, summary, keywords) for k in names)]
     emb, _ = encode_unique(enc, texts, progress=False)
     if emb.shape[-1] != dim:
         raise ValueError(f"the encoder gives {emb.shape[-1]}-dimensional embeddings; "
@@ -65,10 +73,13 @@ def append_session(store, session: Session, summary, keywords, enc, dim: int) ->
         lex = store.lexical
         parts = {"S": [session.text], "T": list(session.turns), "U": [summary],
                  "K": [keywords]}
+        for k in store.terms:
+            if k not in parts:
+                parts[k] = [lexical_fn[k](session, summary, keywords)]
         docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
-                                        for x in parts[g]]) for g in CODES}
-    return store.append(row, emb[3 + nt] if store.concat is not None else None,
-                        emb[1:1 + nt], session.turns, docs, session.id)
+                                        for x in parts[g]]) for g in store.terms}
+    dense = {k: emb[3 + nt + i] for i, k in enumerate(names)}
+    return store.append(row, dense, emb[1:1 + nt], session.turns, docs, session.id)
 
 
 def grow_graph(graph, gran: Tensor, p: GraphParams):
