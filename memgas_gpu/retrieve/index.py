@@ -25,7 +25,7 @@ from torch import Tensor
 from .. import ops
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
-from ..expand.granularity import expand_dataset
+from ..expand.expansion import expand_dataset
 from ..granularity import N_GRAN
 from .embed import embed_sessions, encode_unique
 from .graphs import build_graph, edges_of, graph_chunk
