@@ -1,6 +1,6 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
 from .coverage import mmr, order_scores, xquad
-from .cues import field_weighted_counts, time_affinity
+from .bm25f import field_weighted_counts
 from .fusion import node_scores, reciprocal_rank_fusion, sum_granularities, weighted_sum
 from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
@@ -10,6 +10,7 @@ from .propagate import propagate, query_waves, seed_scores
 from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
+from .time_affinity import time_affinity
 from .similarity import (block_pattern, packed_reset, packed_session_sums,
                          packed_similarities, regular_packed_scores,
                          regular_router_seeds)

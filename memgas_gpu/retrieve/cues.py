@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..ops.bm25 import bm25_scores, bm25_weights
-from ..ops.cues import field_weighted_counts
+from ..ops.bm25f import field_weighted_counts
 
 __all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
            "named_speakers", "split_messages", "parse_date", "question_interval",
@@ -380,7 +380,7 @@ def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
     """``[Q, N_max]`` time cue of queries ``texts`` (asked on ``dates``, entries may be
     None) laid out as ``layout`` (:class:`~memgas_gpu.retrieve.signals.Layout`): 1 where
     the session's date is inside the query's interval, else 0."""
-    from ..ops.cues import time_affinity
+    from ..ops.time_affinity import time_affinity
 
     days = _session_days(index)
     conv = layout.conv.tolist()
