@@ -8,9 +8,11 @@ from .normalise import NORMS, normalise_signals
 from .ppr import csr_adjacency, personalized_pagerank
 from .propagate import propagate, query_waves, seed_scores
 from .rank import rank_sessions
+from .query_layout import Layout, query_layout
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
 from .time_affinity import time_affinity
+from .topm import range_top_m
 from .similarity import (block_pattern, packed_reset, packed_session_sums,
                          packed_similarities, regular_packed_scores,
                          regular_router_seeds)
@@ -42,6 +44,9 @@ __all__ = [
     "node_scores",
     "sum_granularities",
     "rank_sessions",
+    "Layout",
+    "query_layout",
+    "range_top_m",
     "block_pattern",
     "packed_similarities",
     "regular_router_seeds",
