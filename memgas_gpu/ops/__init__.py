@@ -1,5 +1,4 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
-from .coverage import mmr, order_scores, xquad
 from .bm25f import field_weighted_counts
 from .fusion import node_scores, reciprocal_rank_fusion, sum_granularities, weighted_sum
 from .gmm1d import gmm1d_accept
@@ -7,20 +6,14 @@ from .graph import association_edges, build_association_graph, node_layout, symm
 from .normalise import NORMS, normalise_signals
 from .ppr import csr_adjacency, personalized_pagerank
 from .propagate import propagate, query_waves, seed_scores
-from .rank import rank_sessions
 from .query_layout import Layout, query_layout
+from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
 from .time_affinity import time_affinity
 from .topm import range_top_m
-from .similarity import (block_pattern, packed_reset, packed_session_sums,
-                         packed_similarities, regular_packed_scores,
-                         regular_router_seeds)
 
 __all__ = [
-    "mmr",
-    "order_scores",
-    "xquad",
     "field_weighted_counts",
     "time_affinity",
     "gmm1d_accept",
@@ -47,10 +40,4 @@ __all__ = [
     "Layout",
     "query_layout",
     "range_top_m",
-    "block_pattern",
-    "packed_similarities",
-    "regular_router_seeds",
-    "packed_reset",
-    "packed_session_sums",
-    "regular_packed_scores",
 ]
