@@ -348,3 +348,13 @@ def test_event_bm25_equals_bm25s_per_conversation():
         known = [t for t in tok.tokens(qs[q].text) if t in r.vocab_dict]
         np.testing.assert_allclose(tr.scores[q, :len(msgs)].numpy(), r.get_scores(known),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_read_refuses_unknown_methods_questions_and_settings():
+    idx = _tan_index()
+    with pytest.raises(ValueError, match="unknown GAM read method 'gam_no_tan'"):
+        idx.retrieve(method="gam_no_tan")  # an ablation is 'gam' with preset(...)'s params
+    with pytest.raises(ValueError, match=r"question indices must lie in \[0, 1\)"):
+        idx.retrieve([1])
+    with pytest.raises(ValueError, match="params must be GamParams"):
+        idx.retrieve(params={"anchors": 2})

@@ -99,7 +99,7 @@ class GamIndex:
             judge: optional relation judge (:func:`memgas_gpu.gam.judge.llm_judge`)
                 instead of the GMM similarity test.
         """
-        p = params or GamParams()
+        p = _params(params, GamParams())
         ev = events if events is not None else build_events(dataset, encoder, store=store)
         t0 = time.perf_counter()
         starts = segment(ev.emb, ev.tokens, ev.session_start, p.segmentation,
@@ -164,9 +164,15 @@ class GamIndex:
             params: read settings (default: the build's); the write settings must be
                 the build's.
         """
-        p = params or self.params
+        p = _params(params, self.params)
+        if method != "gam" and method not in FLAT_METHODS:
+            raise ValueError(f"unknown GAM read method {method!r}: 'gam' (an ablation is "
+                             f"'gam' with preset(name)'s params) or one of {FLAT_METHODS}")
         qi = torch.arange(len(self.questions)) if questions is None else \
             torch.as_tensor(list(questions), dtype=torch.long)
+        if qi.numel() and (int(qi.min()) < 0 or int(qi.max()) >= len(self.questions)):
+            raise ValueError(f"question indices must lie in [0, {len(self.questions)}), got "
+                             f"{int(qi.min())}..{int(qi.max())}")
         ev, tp = self.events, self.topics
         conv = self.q_conv[qi]
         q = self.question_embeddings()[qi]
@@ -248,6 +254,14 @@ class GamIndex:
         rk = session_turn_rankings(retrieval.rankings, msess, flat.scores)
         return TurnRetrieval(f"{retrieval.method}+turns", qi, flat.scores, rk, flat.n_events,
                              flat.turn_ids)
+
+
+def _params(params: Any, default: GamParams) -> GamParams:
+    if params is None:
+        return default
+    if not isinstance(params, GamParams):
+        raise ValueError(f"params must be GamParams, got {type(params).__name__}")
+    return params
 
 
 def _dots(q: Tensor, emb: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
