@@ -358,3 +358,24 @@ def test_read_refuses_unknown_methods_questions_and_settings():
         idx.retrieve([1])
     with pytest.raises(ValueError, match="params must be GamParams"):
         idx.retrieve(params={"anchors": 2})
+
+
+def test_build_refuses_nan_embeddings_and_negative_token_counts():
+    class Broken(FakeEncoder):
+        def __init__(self, nan_word=None, tokens=None):
+            self.nan_word, self.tokens = nan_word, tokens
+
+        def encode(self, texts, progress=None):
+            out = super().encode(texts)
+            out[[self.nan_word is not None and self.nan_word in t for t in texts]] = \
+                float("nan")
+            return out
+
+        def count_tokens(self, texts):
+            return self.tokens(texts) if self.tokens else super().count_tokens(texts)
+
+    ds = _ds([COOK, HIKE])
+    with pytest.raises(ValueError, match=r"embedding 5 \(c s1:1\) has NaN"):
+        GamIndex.build(ds, Broken(nan_word="view"), GamParams())
+    with pytest.raises(ValueError, match=r"token count 2 \(c s0:2\) must be an integer >= 0"):
+        GamIndex.build(ds, Broken(tokens=lambda t: [3, 3, -1] + [3] * (len(t) - 3)))
