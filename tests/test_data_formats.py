@@ -57,3 +57,15 @@ def test_the_registry_refuses_clashes_and_unknown_names():
     with pytest.raises(DataFormatError, match="unknown format 'csv'.*supported: auto, "
                                               "longmemeval"):
         dataset_format("csv", "f.csv")
+
+
+def test_a_locomo_record_as_one_object_is_the_flat_layout(locomo_list_path, tmp_path):
+    """A file holding one LoCoMo record as an object (first key ``sample_id``, a key of
+    the list layout) is read as the flat layout, as LoCoMo's per-conversation files."""
+    rec = json.loads(locomo_list_path.read_text())[0]
+    one = {"sample_id": rec["sample_id"], **rec["conversation"], "qa": rec["qa"]}
+    p = tmp_path / "one.json"
+    p.write_text(json.dumps(one))
+    assert detect_format(p) == "locomo_flat"
+    ds = load_dataset(p)
+    assert ds.format == "locomo" and [c.id for c in ds] == [rec["sample_id"]]
