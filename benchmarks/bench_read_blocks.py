@@ -1,12 +1,12 @@
-"""Read path in the LongMemEval shape, stage by stage: the current packed read path
-(``memgas_session_scores_packed``) against the blocks of ``ops/similarity.py``, in one
-run on the same inputs, with this machine's memory bandwidth for the floor.
+"""Read path in the LongMemEval shape, stage by stage: the packed MemGAS read path as
+plain op calls against the blocks of ``read_blocks.py``, in one run on the same inputs,
+with this machine's memory bandwidth for the floor.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_read_blocks.py            # 64 x 500, d=384
     python benchmarks/bench_read_blocks.py --haystacks 16 --rounds 3    # quicker
 
-Each "current" stage repeats the very calls ``ops/scores.py`` makes for it (the file
-itself is not instrumented); medians of ``--rounds`` timed runs after one warm-up, in
+Each "current" stage is the straightforward way (one product per conversation, a
+scatter into ``[Q, G, N]`` copies, boolean-mask indexing); medians of ``--rounds`` timed runs after one warm-up, in
 process CPU time (with one thread, the work itself: on a shared machine the wall time
 also counts the waits for a core; the totals give both).
 Prints a markdown table (docs/performance.md keeps the measured one).
@@ -23,6 +23,8 @@ from memgas_gpu import ops
 from memgas_gpu.bench.bandwidth import measure_bandwidth
 from memgas_gpu.bench.data import N_GRAN, make_haystacks, make_queries
 from memgas_gpu.ops.graph import node_layout
+
+import read_blocks as blocks  # benchmarks/read_blocks.py (the script's folder is on sys.path)
 
 
 WALL: dict = {}
@@ -70,7 +72,7 @@ def main(argv=None) -> None:
     bw = measure_bandwidth("cpu")
     rows = []
 
-    # ---- current stages (the calls of ops/scores.py, CPU path) -----------------------
+    # ---- current stages (the straightforward calls, CPU path) --------------------------
     def cur_sims():
         out = torch.zeros(Q, n_max)
         order = torch.argsort(qc, stable=True)
@@ -98,7 +100,7 @@ def main(argv=None) -> None:
         return ops.seed_scores(w.gather(1, g) * sims, 15, ok).to(torch.float64)
 
     seeds = cur_route_seeds()
-    slot, R = ops.query_rows(qc)
+    slot, R = ops.query_waves(qc)
 
     def cur_reset():
         reset = torch.zeros(R, n, dtype=torch.float64)
@@ -120,49 +122,44 @@ def main(argv=None) -> None:
         tgt = torch.where(ok, rank[pos], torch.full_like(pos, N_max))
         return out.scatter_add_(1, tgt, node_p)[:, :N_max]
 
-    packed = getattr(ops, "memgas_session_scores_packed", None)  # replaced by the engine
-
-    def cur_total():
-        if packed is None:  # the stages above, in sequence
-            cur_sims()
-            cur_route_seeds()
-            cur_reset()
-            ppr()
-            return cur_sums(), None
-        return packed(q, qc, emb, h.session_of_node, gran, conv, indptr, indices,
-                      n_gran=N_GRAN)
+    def cur_total():  # the stages above, in sequence
+        cur_sims()
+        cur_route_seeds()
+        cur_reset()
+        ppr()
+        return cur_sums(), None
 
     # ---- new blocks ---------------------------------------------------------------
-    pattern = ops.block_pattern(qc, start, count, n)
+    pattern = blocks.block_pattern(qc, start, count, n)
     emb_h = emb.half()
     n_sess = count[qc] // N_GRAN
 
     def new_total():
-        return ops.regular_packed_scores(q, qc, emb, start, count, indptr, indices, conv)
+        return blocks.regular_packed_scores(q, qc, emb, start, count, indptr, indices, conv)
 
     r = args.rounds
     sims_bytes = Q * n_max * d * 4
     t_cur, t_new = timed(cur_sims, r), timed(
-        lambda: ops.packed_similarities(q, qc, emb, start, count, n_max, pattern=pattern), r)
-    t_half = timed(lambda: ops.packed_similarities(q, qc, emb_h, start, count, n_max,
+        lambda: blocks.packed_similarities(q, qc, emb, start, count, n_max, pattern=pattern), r)
+    t_half = timed(lambda: blocks.packed_similarities(q, qc, emb_h, start, count, n_max,
                                                    half_storage=True), r)
     rows.append(("similarities (fp32)", t_cur, t_new, sims_bytes))
     rows.append(("similarities, fp16 storage (not rank-preserving)", t_cur, t_half,
                  sims_bytes // 2))
     rows.append(("routing + seeds", timed(cur_route_seeds, r), timed(
-        lambda: ops.regular_router_seeds(sims, n_sess, N_GRAN), r), None))
+        lambda: blocks.regular_router_seeds(sims, n_sess, N_GRAN), r), None))
     rows.append(("PPR reset rows", timed(cur_reset, r), timed(
-        lambda: ops.packed_reset(seeds, slot, R, qc, start, count, n), r), None))
+        lambda: blocks.packed_reset(seeds, slot, R, qc, start, count, n), r), None))
     t_ppr = timed(ppr, r)
     rows.append(("PPR (native, unchanged)", t_ppr, t_ppr, None))
     rows.append(("session sums", timed(cur_sums, r), timed(
-        lambda: ops.packed_session_sums(p, slot, qc, start, count, n_max, N_GRAN), r), None))
+        lambda: blocks.packed_session_sums(p, slot, qc, start, count, n_max, N_GRAN), r), None))
     a, _ = cur_total()
     b, _ = new_total()
     same = torch.equal(torch.argsort(a, dim=1, descending=True, stable=True),
                        torch.argsort(b, dim=1, descending=True, stable=True))
     t_a, t_b = timed(cur_total, r), timed(new_total, r)
-    rows.append(("total (memgas_session_scores_packed vs regular_packed_scores)", t_a, t_b,
+    rows.append(("total (current stages in sequence vs regular_packed_scores)", t_a, t_b,
                   None))
     rows.append(("total, wall clock", WALL[cur_total], WALL[new_total], None))
     print(f"\n{C} haystacks x {N} sessions, d = {d}, {Q} questions (one each), "

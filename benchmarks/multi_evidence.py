@@ -1,4 +1,4 @@
-"""Multi-evidence stages on top of today's ``memgas_hybrid`` (issue 16), LoCoMo dev.
+"""Multi-evidence stages on top of today's ``memgas_hybrid``, LoCoMo dev.
 
 Builds (once, then reloads) the LoCoMo dev index for each summary source, computes
 today's raw signals and fused scores (the engine's signal registry and read path),
@@ -10,7 +10,7 @@ conversations, scored on the third), and the added time of each stage::
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD nice python benchmarks/multi_evidence.py \\
         --cache /tmp/i16 --out multi_evidence.json
 
-Stages (``memgas_gpu.ops.coverage``, ``memgas_gpu.lexical.prf``, ``memgas_gpu.ops.cues``,
+Stages (``rerank_stages.py`` beside this script, ``memgas_gpu.ops.time_affinity``,
 ``memgas_gpu.retrieve.cues``): xQuAD over question terms, MMR over session embeddings,
 RM3 on the BM25 signals, the speaker cue (message-level BM25 with the named speaker's
 messages weighted), the time cue (session dates against the question's interval), and
@@ -31,10 +31,7 @@ import torch
 from memgas_gpu import load_dataset
 from memgas_gpu.eval import evaluate
 from memgas_gpu.lexical import lexical_signals, BM25Params
-from memgas_gpu.lexical.prf import feedback_weights, rm3_expand
-from memgas_gpu.lexical.termscores import query_term_scores, term_coverage
-from memgas_gpu.ops.coverage import mmr, xquad
-from memgas_gpu.ops.cues import time_affinity
+from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve import MemoryIndex
 from memgas_gpu.retrieve.cues import (build_speaker_data, question_interval, speaker_bm25,
                                       speaker_signal, time_tensors)
@@ -43,6 +40,9 @@ from memgas_gpu.retrieve.engine import read_path, resolve
 from memgas_gpu.retrieve.graphs import lexical_graph
 from memgas_gpu.retrieve.search import Retrieval, question_batch
 from memgas_gpu.retrieve.signals import SignalContext, compute_signals, query_layout, signal_nodes
+
+from rerank_stages import (feedback_weights, mmr, query_term_scores, rm3_expand,
+                           term_coverage, xquad)
 
 DEV = "/work/shared/data/locomo/locomo_dev.json"
 KS = (3, 5, 10)

@@ -1,6 +1,8 @@
 """The memgas read path as it was before the one-engine refactor (commit 615a4a4),
 frozen here as the oracle of ``test_engine.py::test_memgas_preset_bit_identical``: the
 engine's ``memgas`` preset (and its ablations) must give the same bits.  Do not edit.
+Seed selection is frozen here too; the router, the graph layout and PageRank are the
+live ops (their own oracle tests pin them).
 """
 from __future__ import annotations
 
@@ -9,7 +11,29 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from memgas_gpu.ops import entropy_router, node_layout, personalized_pagerank, seed_scores
+from memgas_gpu.ops import entropy_router, node_layout, personalized_pagerank
+
+
+def seed_scores(node_scores: Tensor, alpha: int = 15, valid: Optional[Tensor] = None) -> Tensor:
+    """Keep the top-``alpha`` node scores per row (threshold semantics, ties kept):
+    ``scores[scores < topk(scores, alpha)[-1]] = 0`` as in the authors' code, then
+    negative and NaN entries become 0; padding (``~valid``) gets 0.  Frozen copy of the
+    seed selection of commit 615a4a4 (``ops.scores.seed_scores``), so that a change to
+    the live ``ops.propagate.seed_scores`` shows up against this oracle."""
+    x = node_scores
+    key = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    if valid is not None:
+        key = torch.where(valid, key, torch.full_like(key, float("-inf")))
+    k = max(1, min(alpha, x.shape[1]))
+    if x.shape[1] == 0:
+        return x.clone()
+    # rows with fewer than alpha valid nodes get kth = -inf: all of them are kept
+    kth = torch.topk(key, k, dim=1).values[:, -1:]
+    out = torch.where(key < kth, torch.zeros_like(x), x)
+    out = torch.where(torch.isnan(out) | (out < 0), torch.zeros_like(out), out)
+    if valid is not None:
+        out = torch.where(valid, out, torch.zeros_like(out))
+    return out
 
 
 def _route(sims: Tensor, gran: Tensor, sess: Tensor, valid: Optional[Tensor], G: int, N: int,

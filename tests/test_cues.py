@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from memgas_gpu.lexical import lexical_signals
-from memgas_gpu.ops.cues import field_weighted_counts, time_affinity
+from memgas_gpu.ops.bm25f import field_weighted_counts
+from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve.cues import (build_speaker_data, named_speakers, parse_date,
                                       question_interval, speaker_bm25, speaker_signal,
                                       split_messages)

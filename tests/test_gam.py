@@ -207,3 +207,175 @@ def test_question_edges_and_neighbour_max_by_hand():
     assert m[0].tolist() == [1.0, 5.0, -math.inf]
     assert m[2].tolist() == [-math.inf] * 3  # conversation 1 has no edges
     assert m[3].tolist() == [0.0, 7.0, 0.0]
+
+
+# --- GAM on the engine's plumbing ------------------------------------------------------
+def test_gam_fusion_is_the_engine_z_normalisation():
+    """GAM's ``z(dense) + alpha z(bm25)`` is the engine's ``norm="z"`` (one function,
+    ops.normalise_signals): equal to scipy's z-score with the sample standard deviation,
+    and, bit for bit, to the engine's read path with uniform weights (x 2)."""
+    from scipy import stats
+
+    from memgas_gpu.gam.retrieve import zfuse
+    from memgas_gpu.retrieve.engine import ReadParams, read_path
+
+    g = torch.Generator().manual_seed(0)
+    dense = torch.rand(5, 9, generator=g) * 2 - 1
+    lex = torch.rand(5, 9, generator=g) * 10
+    lex[1] = 0.0  # a question sharing no term with its conversation: constant row
+    n = torch.tensor([9, 6, 5, 2, 1])
+    valid = torch.arange(9)[None, :] < n[:, None]
+    got = zfuse(dense, lex, valid, 0.7)
+
+    def z(x):
+        x = x.double().numpy()
+        return np.zeros_like(x) if x.size < 2 or x.std() == 0 else stats.zscore(x, ddof=1)
+
+    for q in range(5):
+        k = int(n[q])
+        want = z(dense[q, :k]) + 0.7 * z(lex[q, :k])
+        np.testing.assert_allclose(got[q, :k].numpy(), want, rtol=0, atol=1e-12)
+        assert bool(torch.isinf(got[q, k:]).all())
+    p = ReadParams(signals=("dense_S", "bm25_S"), norm="z", router="uniform", fusion="sum")
+    eng = read_path(torch.stack([dense, lex], 1), valid, p, node_of_signal=[0, 0])
+    assert torch.equal((2 * eng)[valid], zfuse(dense, lex, valid, 1.0)[valid])
+
+
+def _brute_top_m(keys, start, stop, rows, m):
+    """Plain loop: similarities with numpy, candidates by a stable sort (earlier first)."""
+    k = keys.numpy()
+    out = []
+    for r, a, b in zip(rows.tolist(), start.tolist(), stop.tolist()):
+        sims = k[a:b] @ k[r] if b > a else np.zeros(0)
+        order = np.argsort(-sims, kind="stable")[:m]
+        out.append(([float(sims[j]) for j in order], [a + int(j) for j in order]))
+    return out
+
+
+def test_candidate_search_is_the_brute_force_top_m():
+    from memgas_gpu.ops import range_top_m
+
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randint(-2, 3, (40, 6), generator=g).double()  # exact dots, many ties
+    keys[17] = keys[5]  # an exact duplicate: its ties go to the earlier row
+    rows = torch.arange(40)
+    start = torch.tensor([0] * 12 + [12] * 20 + [32] * 8)  # three conversations
+    stop = rows.clone()
+    stop[33] = 32  # an empty range
+    for m in (1, 4, 30):
+        want = _brute_top_m(keys, start, stop, rows, m)
+        for exact in (True, False):
+            sims, index, valid = range_top_m(keys, keys, start, stop, m, exact=exact,
+                                             max_elements=64)  # several chunks
+            for r, (ws, wi) in enumerate(want):
+                k = len(wi)
+                assert sims[r, :k].tolist() == ws and index[r, :k].tolist() == wi
+                assert valid[r].tolist() == [True] * k + [False] * (m - k)
+                assert bool(torch.isinf(sims[r, k:]).all()) and not index[r, k:].any()
+    # exact mode: a row searched alone gets the bits of the batched search
+    x = torch.nn.functional.normalize(torch.randn(30, 16, generator=g), dim=-1)
+    st, sp = torch.zeros(30, dtype=torch.long), torch.arange(30)
+    batch = range_top_m(x, x, st, sp, 5)
+    for r in (3, 17, 29):
+        one = range_top_m(x[r:r + 1], x, st[r:r + 1], sp[r:r + 1], 5)
+        assert torch.equal(one[0][0], batch[0][r]) and torch.equal(one[1][0], batch[1][r])
+    # a NaN similarity is no candidate
+    x[4] = float("nan")
+    sims, index, valid = range_top_m(x[10:11], x, st[:1], sp[10:11], 20)
+    assert 4 not in index[0, valid[0]].tolist() and int(valid.sum()) == 9
+
+
+def test_query_layout_by_hand():
+    from memgas_gpu.ops import query_layout
+
+    lay = query_layout(torch.tensor([0, 3, 3, 7]), torch.tensor([2, 0, 1, 2]))
+    assert lay.n.tolist() == [4, 3, 0, 4] and lay.start.tolist() == [3, 0, 3, 3]
+    assert lay.n_max == 4
+    assert lay.rows.tolist() == [[3, 4, 5, 6], [0, 1, 2, 0], [0, 0, 0, 0], [3, 4, 5, 6]]
+    assert lay.valid.sum(1).tolist() == [4, 3, 0, 4]
+
+
+def test_role_factor_names_speakers_like_the_speaker_cue():
+    """One parser (data/speakers.py): a capitalised prefix names exactly one speaker
+    ("Mel" for Melanie), a possessive names its owner, a first-person question names
+    'user'."""
+    from memgas_gpu.data.speakers import named_speakers
+
+    msgs = ["[Melanie]: I painted a lake at sunset", "[Caroline]: the lake painting is lovely",
+            "[Melanie]: sunset colours at the lake", "[Caroline]: painting lakes is calming"]
+    qs = [Question("q0", "What did Mel paint?"), Question("q1", "What is Caroline's view?"),
+          Question("q2", "what did mel paint?")]  # lower case: no prefix rule
+    idx = GamIndex.build(_ds([msgs], qs), FakeEncoder(), GamParams(segmentation="session"))
+    gain = idx.retrieve().scores - idx.retrieve(params=idx.params.with_(mfr=False)).scores
+    role = math.log(1.4)
+    conf = math.log(1.2)  # the one topic is the anchor: reach confidence 1
+    for q, named in ((0, [0, 2]), (1, [1, 3]), (2, [])):
+        want = [conf + (role if e in named else 0.0) for e in range(4)]
+        np.testing.assert_allclose(gain[q].numpy(), want, rtol=1e-6)
+    assert named_speakers("What did I buy last week?", ["user", "assistant"],
+                          first_person="user") == [True, False]
+    assert named_speakers("What did I buy last week?", ["user", "assistant"]) == [False, False]
+    assert named_speakers("What did Zoë plant?", ["Zoë", "Max"]) == [True, False]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("theta", float("nan")), ("noise", float("nan")), ("noise", 1.5), ("alpha", float("inf")),
+    ("window", 0), ("anchors", -1), ("anchors", 2.5), ("tan_m", True), ("beta_role", 0.0),
+    ("conf_min", -0.1), ("epg_window", 0), ("tan", 1), ("segmentation", "windows")])
+def test_settings_are_checked_when_made(field, value):
+    with pytest.raises(ValueError, match=field if field != "segmentation" else "segmentation"):
+        GamParams(**{field: value})
+    with pytest.raises(ValueError):
+        GamParams().with_(**{field: value})
+
+
+def test_event_bm25_equals_bm25s_per_conversation():
+    """flat_bm25 scores every event of the question's conversation with that
+    conversation's statistics, as a bm25s index of the conversation would."""
+    bm25s = pytest.importorskip("bm25s")
+    from memgas_gpu.lexical.terms import INDEX_STOPWORDS
+    from memgas_gpu.lexical.tokenize import Tokenizer
+
+    qs = [Question("q0", "which garlic pasta recipe"), Question("q1", "mountain boots rain")]
+    ds = Dataset([Conversation("a", [_session("s0", COOK + HIKE)], qs[:1]),
+                  Conversation("b", [_session("s0", HIKE + MUSIC[:2])], qs[1:])])
+    idx = GamIndex.build(ds, FakeEncoder(), GamParams(segmentation="session"))
+    tr = idx.retrieve(method="flat_bm25")
+    tok = Tokenizer(stopwords=INDEX_STOPWORDS)
+    for q, msgs in ((0, COOK + HIKE), (1, HIKE + MUSIC[:2])):
+        r = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
+        r.index([tok.tokens(m) for m in msgs], show_progress=False)
+        known = [t for t in tok.tokens(qs[q].text) if t in r.vocab_dict]
+        np.testing.assert_allclose(tr.scores[q, :len(msgs)].numpy(), r.get_scores(known),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_read_refuses_unknown_methods_questions_and_settings():
+    idx = _tan_index()
+    with pytest.raises(ValueError, match="unknown GAM read method 'gam_no_tan'"):
+        idx.retrieve(method="gam_no_tan")  # an ablation is 'gam' with preset(...)'s params
+    with pytest.raises(ValueError, match=r"question indices must lie in \[0, 1\)"):
+        idx.retrieve([1])
+    with pytest.raises(ValueError, match="params must be GamParams"):
+        idx.retrieve(params={"anchors": 2})
+
+
+def test_build_refuses_nan_embeddings_and_negative_token_counts():
+    class Broken(FakeEncoder):
+        def __init__(self, nan_word=None, tokens=None):
+            self.nan_word, self.tokens = nan_word, tokens
+
+        def encode(self, texts, progress=None):
+            out = super().encode(texts)
+            out[[self.nan_word is not None and self.nan_word in t for t in texts]] = \
+                float("nan")
+            return out
+
+        def count_tokens(self, texts):
+            return self.tokens(texts) if self.tokens else super().count_tokens(texts)
+
+    ds = _ds([COOK, HIKE])
+    with pytest.raises(ValueError, match=r"embedding 5 \(c s1:1\) has NaN"):
+        GamIndex.build(ds, Broken(nan_word="view"), GamParams())
+    with pytest.raises(ValueError, match=r"token count 2 \(c s0:2\) must be an integer >= 0"):
+        GamIndex.build(ds, Broken(tokens=lambda t: [3, 3, -1] + [3] * (len(t) - 3)))

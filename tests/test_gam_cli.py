@@ -28,12 +28,52 @@ def _data(tmp_path):
     return p
 
 
-def test_methods_match_the_library():
-    from memgas_gpu.cli import gam as cli_gam
-    from memgas_gpu.gam import METHODS, SEGMENTATIONS
+def test_one_list_of_gam_methods():
+    """GAM's method names live in gam/presets.py: the commands take their choices from it,
+    every name is a preset, and the docs that list them list exactly these."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    assert cli_gam.METHODS == METHODS
-    assert cli_gam.SEGMENTATIONS == SEGMENTATIONS
+    from memgas_gpu.cli.eval import eval_cmd
+    from memgas_gpu.cli.gam import gam
+    from memgas_gpu.gam import FLAT_METHODS, GAM_METHODS, METHODS, SEGMENTATIONS, preset
+
+    assert GAM_METHODS == ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr")
+    assert METHODS == GAM_METHODS + FLAT_METHODS
+
+    def choices(cmd, name):
+        return next(p for p in cmd.params if p.name == name).type.choices
+
+    assert tuple(choices(gam, "methods")) == METHODS + ("all",)
+    assert set(GAM_METHODS) <= set(choices(eval_cmd, "methods"))
+    assert not set(FLAT_METHODS) & set(choices(eval_cmd, "methods"))
+    params = {m: preset(m) for m in METHODS}
+    assert len({repr(params[m]) for m in GAM_METHODS}) == len(GAM_METHODS)  # all differ
+    assert all(params[m] == params["gam"] for m in FLAT_METHODS)
+    with pytest.raises(ValueError, match="unknown GAM method"):
+        preset("gam_no_everything")
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/gam.md"):
+        rows = [ln for ln in (root / doc).read_text().splitlines()
+                if ln.startswith("|") and "`gam_no_tan`" in ln]
+        assert len(rows) == 1, doc
+        assert tuple(re.findall(r"`(gam[a-z_]*)`", rows[0])) == GAM_METHODS, doc
+    # the command line imports the names without GAM's tensor code
+    code = ("import sys, memgas_gpu.cli.gam, memgas_gpu.cli.eval; "
+            "print(sorted(m for m in sys.modules if m.startswith('memgas_gpu.gam.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "['memgas_gpu.gam.params', 'memgas_gpu.gam.presets']"
+
+
+@pytest.mark.parametrize("opt", ["--theta", "--noise"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_non_finite_or_negative_settings_are_refused(tmp_path, opt, value):
+    res = CliRunner().invoke(cli, ["gam", str(_data(tmp_path)), opt, value])
+    assert res.exit_code == 2, res.output
+    assert opt in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,3 +137,221 @@ def test_reference_loop_of_the_benchmark_finds_the_same_memory(two_convs):
                off.topics.conv[off.topics.src].tolist())}
     assert len(got) > 5
     assert got == set(ref.edges)
+
+
+# --- validation at the door and all-or-nothing writes ----------------------------------
+def _plain(v):
+    """Writer state as plain values (tensors by dtype, shape and values)."""
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(v.dtype), tuple(v.shape), v.tolist())
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _state(w):
+    """Every attribute of the writer's state, as plain values (for equality)."""
+    return {k: _plain(v) for k, v in vars(w).items() if k not in ("encode", "judge", "p")}
+
+
+def _shallow(v):
+    """A cheap snapshot: containers copied, their tensors by reference (the writer never
+    changes a stored tensor in place)."""
+    if isinstance(v, list):
+        return ("list", [_shallow(x) for x in v])
+    if isinstance(v, dict):
+        return ("dict", {k: _shallow(x) for k, x in v.items()})
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v, v.clone())
+    return ("value", v)
+
+
+def _same(a, b) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == "tensor":
+        return torch.equal(a[2], b[1]) and torch.equal(b[1], b[2])
+    if a[0] == "list":
+        return len(a[1]) == len(b[1]) and all(_same(x, y) for x, y in zip(a[1], b[1]))
+    if a[0] == "dict":
+        return a[1].keys() == b[1].keys() and all(_same(a[1][k], b[1][k]) for k in a[1])
+    return a[1] == b[1]
+
+
+def _snapshot(w):
+    return _shallow({k: v for k, v in vars(w).items() if k not in ("encode", "judge", "p")})
+
+
+@pytest.fixture(scope="module")
+def small_stream(two_convs):
+    """Three sessions of each of the two conversations, with embeddings and tokens."""
+    enc = FakeEncoder()
+    ds = Dataset([Conversation(c.id, c.sessions[:3], c.questions[:10]) for c in two_convs],
+                 format=two_convs.format)
+    items = []
+    for c in ds:
+        for s in c.sessions:
+            msgs = list(s.messages)
+            items += [(c.id, s.id, m, e, t) for m, e, t in
+                      zip(msgs, enc.encode(msgs), enc.count_tokens(msgs))]
+    return ds, items
+
+
+_SMALL = GamParams(theta=0.55, min_events=3, max_tokens=300, min_earlier=1)
+
+
+def _judge(pairs):
+    return [("support" if len(a) > len(b) else "causal", 0.8) for a, b in pairs]
+
+
+@pytest.fixture(scope="module")
+def never_failed(small_stream):
+    """Writers of the small stream that never failed: without and with a judge."""
+    _, items = small_stream
+    return {j: _write(items, FakeEncoder().encode, _judge if j else None) for j in (0, 1)}
+
+
+def _write(items, encode, judge=None):
+    w = GamWriter(encode, _SMALL, judge=judge)
+    for it in items:
+        w.add(*it)
+    w.flush()
+    return w
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _flaky(fn, every=3):
+    """``fn`` that raises :class:`Boom` on every ``every``-th call (so a retry succeeds)."""
+    calls = [0]
+
+    def wrapped(*a, **kw):
+        calls[0] += 1
+        if calls[0] % every == 0:
+            raise Boom(f"injected failure in call {calls[0]}")
+        return fn(*a, **kw)
+    return wrapped
+
+
+_STEPS = ["window_context", "divergence", "raw_embeddings", "summarize", "encode",
+          "encode_shape", "encode_nan", "topic_keys", "candidate_rows", "accept_links",
+          "judge", "flush"]
+
+
+@pytest.mark.parametrize("step", _STEPS)
+def test_a_failed_write_leaves_the_writer_unchanged(small_stream, never_failed, monkeypatch,
+                                                     step):
+    """Inject failures at each step of a write (every third call of the step fails): the
+    writer is exactly as before the failed write, the retried write succeeds, and the
+    memory equals that of a writer that never failed."""
+    import memgas_gpu.gam.writer as W
+
+    ds, items = small_stream
+    enc = FakeEncoder()
+    ref = never_failed[step == "judge"]
+    assert len(ref.event_ptr) > 6 and ref.edges
+    encode, judge_fn = enc.encode, None
+    if step in ("encode", "encode_shape", "encode_nan"):
+        bad = {"encode": None, "encode_shape": torch.zeros(1, 3),
+               "encode_nan": torch.full((1, enc.dim), float("nan"))}[step]
+        calls = [0]
+
+        def encode(texts):
+            calls[0] += 1
+            if calls[0] % 3 == 0:
+                if bad is None:
+                    raise Boom("encoder down")
+                return bad
+            return enc.encode(texts)
+    elif step == "judge":
+        judge_fn = _flaky(_judge)
+    elif step != "flush":
+        monkeypatch.setattr(W, step, _flaky(getattr(W, step)))
+    w = GamWriter(encode, _SMALL, judge=judge_fn)
+    failed = 0
+    for it in items:
+        before = _snapshot(w)
+        try:
+            w.add(*it)
+        except (Boom, ValueError) as e:
+            failed += 1
+            assert "encode returned" in str(e) or isinstance(e, Boom)
+            assert _same(before, _snapshot(w))
+            w.add(*it)
+    if step == "flush":
+        monkeypatch.setattr(W, "summarize", _flaky(W.summarize, every=1))
+    before = _snapshot(w)
+    try:
+        w.flush()
+    except (Boom, ValueError) as e:
+        failed += 1
+        assert "encode returned" in str(e) or isinstance(e, Boom)
+        assert _same(before, _snapshot(w))
+        monkeypatch.undo()
+        w.flush()
+    assert failed >= (1 if step == "flush" else 3)
+    assert _state(w) == _state(ref)
+    a, b = w.index(ds, enc).retrieve(), ref.index(ds, enc).retrieve()
+    assert torch.equal(a.rankings, b.rankings)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"emb": "nan"}, "NaN or infinite"),
+    ({"emb": "inf"}, "NaN or infinite"),
+    ({"emb": "narrow"}, "embedding width"),
+    ({"emb": "two_rows"}, r"\[d\] or \[1, d\]"),
+    ({"emb": None}, "emb must be"),
+    ({"emb": "text"}, "emb must be"),
+    ({"tokens": -1}, "tokens must be an integer >= 0"),
+    ({"tokens": 2.5}, "tokens must be an integer >= 0"),
+    ({"tokens": True}, "tokens must be an integer >= 0"),
+    ({"tokens": float("nan")}, "tokens must be an integer >= 0"),
+    ({"conversation_id": None}, "conversation_id must be a string"),
+    ({"conversation_id": ""}, "conversation_id must not be empty"),
+    ({"session_id": 3}, "session_id must be a string"),
+    ({"text": b"[a]: x"}, "text must be a string"),
+])
+def test_a_refused_write_changes_nothing(small_stream, never_failed, bad, match):
+    """NaN / infinite / wrong-width embeddings, negative or non-integer token counts and
+    ids that are not strings are refused with one line, before anything is stored."""
+    ds, items = small_stream
+    enc = FakeEncoder()
+    ref = never_failed[False]
+    w = GamWriter(enc.encode, _SMALL)
+    k = len(items) // 2
+    for it in items[:k]:
+        w.add(*it)
+    cid, sid, text, emb, tok = items[k]
+    kw = dict(conversation_id=cid, session_id=sid, text=text, emb=emb, tokens=tok)
+    kw.update(bad)
+    kw["emb"] = {"nan": torch.full_like(emb, float("nan")),
+                 "inf": emb.clone().index_fill_(0, torch.tensor([3]), float("inf")),
+                 "narrow": emb[:-1], "two_rows": torch.stack([emb, emb]),
+                 "text": "0.1 0.2"}.get(kw["emb"], kw["emb"]) \
+        if isinstance(kw["emb"], (str, type(None))) else kw["emb"]
+    before = _state(w)
+    with pytest.raises(ValueError, match=match) as e:
+        w.add(**kw)
+    assert "\n" not in str(e.value)
+    assert _state(w) == before
+    for it in items[k:]:
+        w.add(*it)
+    w.flush()
+    assert _state(w) == _state(ref)
+
+
+def test_refusals_before_anything_is_written():
+    enc = FakeEncoder()
+    with pytest.raises(ValueError, match="encode must be callable"):
+        GamWriter("not a function")
+    with pytest.raises(ValueError, match="params must be GamParams"):
+        GamWriter(enc.encode, {"theta": 0.5})
+    w = GamWriter(enc.encode)
+    e = enc.encode(["[a]: x"])[0]
+    w.add("c", "s1", "[a]: x", e.numpy(), 3)  # numpy vectors and numpy ints are accepted
+    w.add("c", "s1", "[a]: y", e[None], np.int64(2))
+    assert w.tokens == [3, 2] and w.dim == enc.dim

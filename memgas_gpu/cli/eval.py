@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .._io import atomic_write, nan_to_null
+from ..gam.presets import GAM_METHODS  # GAM and its ablations (no tensor code imported)
 from ._common import (FiniteFloat, build_index, build_options, dataset_options, load,
                       parse_ks, parse_settings, ray_or_exit)
 
@@ -15,8 +16,6 @@ from ._common import (FiniteFloat, build_index, build_options, dataset_options, 
 METHODS = ("memgas", "no_gmm", "no_ppr", "no_router", "no_association", "session", "turn",
            "summary", "keyword", "concat", "bm25", "memgas_hybrid")
 KS = (1, 3, 5, 10, 30, 50)
-#: GAM and its ablations (memgas_gpu.gam.GAM_METHODS), evaluated at the turn level
-GAM_METHODS = ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr")
 
 
 @click.command("eval")

@@ -7,13 +7,9 @@ import json
 import click
 
 from .._io import atomic_write
-from ._common import dataset_options, load
-
-# kept here (not imported) so `memgas --help` does not import torch; a test checks it
-# equals memgas_gpu.gam.METHODS / SEGMENTATIONS
-METHODS = ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr", "flat_dense",
-           "flat_bm25", "flat_fusion")
-SEGMENTATIONS = ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event")
+from ..gam.params import SEGMENTATIONS  # these two modules import no tensor code
+from ..gam.presets import METHODS
+from ._common import FiniteFloat, dataset_options, load
 
 
 @click.command("gam")
@@ -23,10 +19,10 @@ SEGMENTATIONS = ("semantic", "tokens256", "tokens512", "turns3", "turns5", "sess
               help="GAM, an ablation or a flat utterance baseline (repeat; 'all').")
 @click.option("--segmentation", default="semantic", show_default=True,
               help=f"Topic segmentation: {', '.join(SEGMENTATIONS)} (any tokens<N>/turns<N>).")
-@click.option("--theta", type=click.FloatRange(0, 2), default=None,
+@click.option("--theta", type=FiniteFloat(0, 2), default=None,
               help="Semantic boundary threshold on 1 - cos [default: GamParams].")
 @click.option("--anchors", type=click.IntRange(1), default=None, help="Anchor topics.")
-@click.option("--noise", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--noise", type=FiniteFloat(0, 1), default=0.0, show_default=True,
               help="Share of topic boundaries moved at random (robustness).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
 @click.option("--summaries", default="offline", show_default=True,

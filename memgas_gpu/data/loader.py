@@ -1,53 +1,29 @@
-"""``load_dataset``: one entry point for every supported source format."""
+"""``load_dataset``: one entry point for every supported source format.
+
+The formats are a registry (:mod:`memgas_gpu.data.formats`): each format module
+registers its name, the keys that identify it and its loader; this module imports the
+built-in ones and knows no format itself.
+"""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from ..errors import DataFormatError
-from ..progress import Progress
-from ._jsonscan import BOM, check_json_file
-from .locomo import flat_default_id, parse_locomo_record
-from .longmemeval import SessionInterner, iter_longmemeval
-from .longmtbench import parse_longmtbench_record
+from . import longmemeval, locomo, longmtbench  # noqa: F401  (register, in this order)
+from ._jsonscan import check_json_file
+from ._validate import one_line
+from .formats import LoadOptions, dataset_format, detection_keys, first_char, format_names, \
+    open_json
+from .longmemeval import SessionInterner
 from .model import Conversation, Dataset
-from .._io import find_surrogate
-from ._validate import RecordContext, one_line
 
 __all__ = ["load_dataset", "detect_format", "FORMATS"]
 
-FORMATS = ("longmemeval", "locomo", "locomo_flat", "longmtbench")
+#: the built-in formats (:func:`memgas_gpu.data.formats.format_names` lists any added)
+FORMATS = format_names()
 _EMPTY = ("error", "keep", "drop")
-
-# first decisive key of the first record → format
-_KEY_FORMAT = {
-    "question_id": "longmemeval", "haystack_sessions": "longmemeval",
-    "haystack_session_ids": "longmemeval", "question_type": "longmemeval",
-    "sample_id": "locomo", "conversation": "locomo", "qa": "locomo",
-    "conversation_id": "longmtbench", "questions": "longmtbench", "sessions": "longmtbench",
-    "speaker_a": "locomo_flat", "session_1": "locomo_flat",
-}
-
-
-def _open_json(path: Path):
-    """Open ``path`` for reading bytes, past a UTF-8 byte-order mark if it has one."""
-    f = open(path, "rb")
-    if f.read(len(BOM)) != BOM:
-        f.seek(0)
-    return f
-
-
-def _first_char(path: Path) -> str:
-    with _open_json(path) as f:
-        while True:
-            chunk = f.read(4096)
-            if not chunk:
-                return ""
-            s = chunk.lstrip()
-            if s:
-                return chr(s[0])
 
 
 def detect_format(path: Union[str, os.PathLike]) -> str:
@@ -55,19 +31,20 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
     import ijson
 
     path = Path(path)
-    first = _first_char(path)
+    first = first_char(path)
     if first not in "[{":
         raise DataFormatError(str(path), "not a JSON list or object: unknown format "
-                              f"(supported: {', '.join(FORMATS)})")
+                              f"(supported: {', '.join(format_names())})")
     prefix = "item" if first == "[" else ""
-    with _open_json(path) as f:
+    keys = detection_keys()
+    with open_json(path) as f:
         try:
             for pfx, event, value in ijson.parse(f):
                 if event == "map_key" and pfx == prefix:
-                    if value in _KEY_FORMAT:
-                        fmt = _KEY_FORMAT[value]
-                        if first == "{" and fmt == "locomo":
-                            fmt = "locomo_flat"
+                    if value in keys:
+                        fmt = keys[value]
+                        if first == "{":
+                            fmt = dataset_format(fmt).as_object or fmt
                         return fmt
                 elif event == "end_map" and pfx == prefix:
                     break
@@ -77,68 +54,7 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
         except UnicodeDecodeError as e:
             raise DataFormatError(str(path), f"not UTF-8 text ({e.reason})") from None
     raise DataFormatError(str(path), "unknown format: no field identifies it as one of "
-                          f"{', '.join(FORMATS)} (pass format=...)")
-
-
-def _load_json(path: Path):
-    try:
-        with open(path, "rb") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataFormatError(str(path), f"invalid or truncated JSON: {e.msg} at line "
-                              f"{e.lineno} column {e.colno}") from None
-    except UnicodeDecodeError as e:
-        raise DataFormatError(str(path), f"not UTF-8 text ({e.reason})") from None
-
-
-def _records(path: Path, data, fmt: str) -> list:
-    if fmt == "locomo_flat":
-        if isinstance(data, list):  # a list of flat records is accepted too
-            return data
-        return [data]
-    if not isinstance(data, list):
-        raise DataFormatError(str(path), f"expected a JSON list of records for {fmt}, "
-                              f"got {type(data).__name__}")
-    return data
-
-
-def _load_file(path: Path, fmt: str, empty_sessions: str, user_only: bool,
-               interner: SessionInterner, progress: bool) -> list[Conversation]:
-    if fmt == "auto":
-        fmt = detect_format(path)
-    if fmt not in FORMATS:
-        raise DataFormatError(str(path), f"unknown format {fmt!r} (supported: auto, "
-                              f"{', '.join(FORMATS)})")
-    if fmt == "longmemeval":
-        if _first_char(path) != "[":
-            raise DataFormatError(str(path), "expected a JSON list of LongMemEval instances")
-        bar = Progress(path.stat().st_size, f"load {path.name}", unit="B", unit_scale=True,
-                       leave=False, enabled=bool(progress))
-        with _open_json(path) as f, bar:
-            last = [0]
-
-            def tick(pos: int) -> None:
-                bar.update(pos - last[0])
-                last[0] = pos
-
-            return list(iter_longmemeval(f, str(path), interner=interner,
-                                         empty_sessions=empty_sessions,
-                                         user_only=user_only, on_record=tick))
-    data = _load_json(path)
-    out = []
-    for i, rec in enumerate(_records(path, data, fmt)):
-        ctx = RecordContext(str(path), i)
-        bad = find_surrogate(rec)
-        if bad is not None:
-            raise ctx.error("a lone UTF-16 surrogate escape (not valid Unicode text)", bad)
-        if fmt == "longmtbench":
-            out.append(parse_longmtbench_record(ctx, rec, empty_sessions))
-        else:
-            flat = fmt == "locomo_flat"
-            out.append(parse_locomo_record(ctx, rec, flat=flat,
-                                           default_id=flat_default_id(path) if flat else "",
-                                           empty_sessions=empty_sessions))
-    return out
+                          f"{', '.join(format_names())} (pass format=...)")
 
 
 def _sort_key(p: Path):
@@ -155,8 +71,9 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
         path: a JSON file, or a folder of JSON files (e.g. LoCoMo flat files).
         format: ``"auto"`` (default: detected from the first record's keys),
             ``"longmemeval"`` (s, m and oracle; streamed), ``"locomo"`` (the official
-            list layout), ``"locomo_flat"`` (one conversation per file) or
-            ``"longmtbench"``.
+            list layout), ``"locomo_flat"`` (one conversation per file),
+            ``"longmtbench"``, or a format added with
+            :func:`~memgas_gpu.data.formats.register_format`.
         empty_sessions: what to do with a session without messages: ``"error"``
             (default), ``"keep"`` or ``"drop"``.
         user_only: LongMemEval only: index user messages only (the LongMemEval
@@ -189,7 +106,7 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
         raise FileNotFoundError(f"no such file or folder: {path}")
     if not path.is_dir() and not path.is_file():
         raise DataFormatError(str(path), "not a regular file or folder")
-    interner = SessionInterner()
+    opts = LoadOptions(empty_sessions, user_only, progress, SessionInterner())
     if path.is_dir():
         files = sorted((p for p in path.iterdir() if p.suffix == ".json" and p.is_file()),
                        key=_sort_key)
@@ -201,9 +118,9 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
     formats = set()
     for f in files:
         check_json_file(f)  # bounded memory on hostile nesting, before any parser runs
-        fmt = detect_format(f) if format == "auto" else format
-        formats.add(fmt)
-        convs += _load_file(f, fmt, empty_sessions, user_only, interner, progress)
+        fmt = dataset_format(detect_format(f) if format == "auto" else format, str(f))
+        formats.add(fmt.family or fmt.name)
+        convs += fmt.load(f, opts)
     seen = set()
     for c in convs:
         if c.id in seen:
@@ -212,8 +129,7 @@ def load_dataset(path: Union[str, os.PathLike], format: str = "auto", *,
     if not convs:
         raise DataFormatError(str(path), "no conversations: nothing to index or evaluate")
     fmt_name = formats.pop() if len(formats) == 1 else "+".join(sorted(formats))
-    ds = Dataset(convs, format=fmt_name.replace("locomo_flat", "locomo"),
-                 source=str(path))
+    ds = Dataset(convs, format=fmt_name, source=str(path))
     if conversations is not None or exclude is not None:
         ds = ds.select(conversations, exclude)
         if not len(ds):

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from .formats import DatasetFormat, LoadOptions, json_records, register_format
 from .model import Conversation, Question, Session, first_lengths, pair_messages
 from ._validate import RecordContext, as_text
 
@@ -151,3 +152,18 @@ def parse_locomo_record(ctx: RecordContext, rec, *, flat: bool, default_id: str 
 def flat_default_id(path: Path) -> str:
     stem = path.stem
     return f"conv-{stem}" if stem.isdigit() else stem
+
+
+def _list_record(ctx: RecordContext, rec, path: Path, opts: LoadOptions) -> Conversation:
+    return parse_locomo_record(ctx, rec, flat=False, empty_sessions=opts.empty_sessions)
+
+
+def _flat_record(ctx: RecordContext, rec, path: Path, opts: LoadOptions) -> Conversation:
+    return parse_locomo_record(ctx, rec, flat=True, default_id=flat_default_id(path),
+                               empty_sessions=opts.empty_sessions)
+
+
+register_format(DatasetFormat("locomo", json_records(_list_record),
+                              keys=("sample_id", "conversation", "qa"), as_object="locomo_flat"))
+register_format(DatasetFormat("locomo_flat", json_records(_flat_record, one_object=True),
+                              keys=("speaker_a", "session_1"), family="locomo"))

@@ -16,12 +16,16 @@ reference does.  Evidence turns are the messages flagged ``has_answer``
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import IO, Callable, Iterator, Optional
 
+from ..errors import DataFormatError
+from ..progress import Progress
+from .formats import DatasetFormat, LoadOptions, first_char, open_json, register_format
 from .model import Conversation, Question, Session, first_lengths, pair_messages
 from ._validate import RecordContext, as_text, one_line
 
-__all__ = ["iter_longmemeval", "strip_answer_prefix", "SessionInterner"]
+__all__ = ["iter_longmemeval", "load_longmemeval", "strip_answer_prefix", "SessionInterner"]
 
 log = logging.getLogger("memgas_gpu.data")
 
@@ -168,3 +172,26 @@ def iter_longmemeval(f: IO[bytes], path: str, *, interner: Optional[SessionInter
             from None
     except UnicodeDecodeError as e:  # invalid UTF-8, or a lone surrogate escape
         raise RecordContext(path, index + 1).error(f"not UTF-8 text ({e.reason})") from None
+
+
+def load_longmemeval(path: Path, opts: LoadOptions) -> list[Conversation]:
+    """Every instance of a LongMemEval file, streamed (a progress bar over its bytes)."""
+    if first_char(path) != "[":
+        raise DataFormatError(str(path), "expected a JSON list of LongMemEval instances")
+    bar = Progress(path.stat().st_size, f"load {path.name}", unit="B", unit_scale=True,
+                   leave=False, enabled=bool(opts.progress))
+    with open_json(path) as f, bar:
+        last = [0]
+
+        def tick(pos: int) -> None:
+            bar.update(pos - last[0])
+            last[0] = pos
+
+        return list(iter_longmemeval(f, str(path), interner=opts.interner,
+                                     empty_sessions=opts.empty_sessions,
+                                     user_only=opts.user_only, on_record=tick))
+
+
+register_format(DatasetFormat(
+    "longmemeval", load_longmemeval,
+    keys=("question_id", "haystack_sessions", "haystack_session_ids", "question_type")))

@@ -5,6 +5,9 @@ unchanged); sessions are named ``session_1..N`` and questions ``<id>_q<i>``.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+from .formats import DatasetFormat, LoadOptions, json_records, register_format
 from .model import Conversation, Question, Session
 from ._validate import RecordContext, as_text
 
@@ -42,3 +45,11 @@ def parse_longmtbench_record(ctx: RecordContext, rec, empty_sessions: str = "err
         questions.append(Question(id=f"{cid}_q{i}", text=q,
                                   answer=as_text(answers[i]) if answers else ""))
     return Conversation(cid, sessions, questions)
+
+
+def _record(ctx: RecordContext, rec, path: Path, opts: LoadOptions) -> Conversation:
+    return parse_longmtbench_record(ctx, rec, opts.empty_sessions)
+
+
+register_format(DatasetFormat("longmtbench", json_records(_record),
+                              keys=("conversation_id", "questions", "sessions")))

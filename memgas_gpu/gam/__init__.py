@@ -1,12 +1,35 @@
 """GAM: hierarchical graph-based agentic memory (event graphs, semantic-boundary
-consolidation, topic network, drill-down retrieval), batched. See docs/gam.md."""
-from .boundary import SEGMENTATIONS, add_boundary_noise, segment
-from .events import EventTable, build_events, epg_links
-from .index import FLAT_METHODS, GamIndex, GamParams, TurnRetrieval
-from .presets import GAM_METHODS, METHODS, preset
-from .topics import RELATIONS, Topics
-from .writer import GamWriter
+consolidation, topic network, drill-down retrieval), batched. See docs/gam.md.
 
-__all__ = ["SEGMENTATIONS", "add_boundary_noise", "segment", "EventTable", "build_events",
-           "epg_links", "FLAT_METHODS", "GamIndex", "GamParams", "TurnRetrieval",
-           "GAM_METHODS", "METHODS", "preset", "RELATIONS", "Topics", "GamWriter"]
+The names below load on first use, so that ``memgas_gpu.gam.presets`` and
+``memgas_gpu.gam.params`` (settings and method names, for the command line) import
+without the tensor code.
+"""
+from __future__ import annotations
+
+import importlib
+
+_HOME = {
+    "SEGMENTATIONS": "params", "GamParams": "params", "FLAT_METHODS": "params",
+    "GAM_METHODS": "presets", "METHODS": "presets", "preset": "presets",
+    "add_boundary_noise": "boundary", "segment": "boundary",
+    "EventTable": "events", "build_events": "events", "epg_links": "events",
+    "GamIndex": "index", "TurnRetrieval": "index",
+    "RELATIONS": "topics", "Topics": "topics",
+    "GamWriter": "writer",
+}
+
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

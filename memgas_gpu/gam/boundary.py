@@ -20,33 +20,14 @@ sequential, and it loops once per *topic*, not per event.
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SEGMENTATIONS", "parse_segmentation", "window_context", "divergence",
-           "scan_starts", "segment", "add_boundary_noise"]
+from .params import parse_segmentation
 
-#: segmentation strategies: semantic boundaries (GAM), fixed token windows, fixed
-#: utterance counts, sessions, and one topic per utterance (no buffering)
-SEGMENTATIONS = ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event")
-_SPEC = re.compile(r"^(semantic|session|event|tokens(\d+)|turns(\d+))$")
-
-
-def parse_segmentation(spec: str) -> tuple[str, int]:
-    """``"tokens256"`` → ``("tokens", 256)``, ``"semantic"`` → ``("semantic", 0)``."""
-    m = _SPEC.match(spec)
-    if not m or (m.group(2) is not None and int(m.group(2)) < 1) or \
-            (m.group(3) is not None and int(m.group(3)) < 1):
-        raise ValueError(f"unknown segmentation {spec!r}: use semantic, session, event, "
-                         "tokens<N> or turns<N> (e.g. tokens256, turns3)")
-    if m.group(2):
-        return "tokens", int(m.group(2))
-    if m.group(3):
-        return "turns", int(m.group(3))
-    return m.group(1), 0
+__all__ = ["window_context", "divergence", "scan_starts", "segment", "add_boundary_noise"]
 
 
 def window_context(emb: Tensor, prev: Tensor, ok: Tensor) -> Tensor:
@@ -124,7 +105,8 @@ def segment(emb: Tensor, tokens: Tensor, session_start: Tensor, strategy: str = 
         emb: ``[E, d]`` normalised event embeddings (used by ``semantic`` only).
         tokens: ``[E]`` token counts.
         session_start: ``[E]`` bool.
-        strategy: one of :data:`SEGMENTATIONS` (``tokens<N>``/``turns<N>`` for any N).
+        strategy: one of :data:`~memgas_gpu.gam.params.SEGMENTATIONS`
+            (``tokens<N>``/``turns<N>`` for any N).
         window, theta, min_events, max_tokens: the semantic rule (module doc).
     """
     kind, n = parse_segmentation(strategy)

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..data.model import Dataset
+from ..data.speakers import speaker_of
 from ..retrieve.embed import encode_unique
 
-__all__ = ["EventTable", "build_events", "speaker_of", "has_time_anchor", "count_tokens",
-           "epg_links"]
+__all__ = ["EventTable", "build_events", "has_time_anchor", "count_tokens", "epg_links",
+           "check_event_inputs"]
 
-_SPEAKER = re.compile(r"^\[([^\]]*)\]:")
 _MONTHS = ("january|february|march|april|may|june|july|august|september|october|"
            "november|december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec")
 _TIME = re.compile(
@@ -35,12 +36,6 @@ _TIME = re.compile(
     r"year|night|time)|next (?:week|month|year)|this (?:week|month|year|morning|"
     r"evening)|recently|lately|\d{1,2}(?::\d\d)?\s?(?:am|pm)|(?:a|one|two|three|few|"
     r"couple of) (?:days?|weeks?|months?|years?))\b", re.I)
-
-
-def speaker_of(message: str) -> str:
-    """``"[Caroline]: hi"`` → ``"Caroline"`` ("" when the message has no role prefix)."""
-    m = _SPEAKER.match(message)
-    return m.group(1).strip() if m else ""
 
 
 def has_time_anchor(text: str) -> bool:
@@ -56,6 +51,48 @@ def count_tokens(encoder: Any, texts: Sequence[str]) -> list[int]:
     if hasattr(encoder, "count_tokens") and texts:
         return list(encoder.count_tokens(list(texts)))
     return [len(t.split()) for t in texts]
+
+
+def check_event_inputs(emb: Tensor, tokens: Sequence, what: str,
+                       dim: Optional[int] = None,
+                       label: Optional[Callable[[int], str]] = None) -> None:
+    """Refuse embeddings and token counts a memory cannot rank with (one line).
+
+    Args:
+        emb: ``[n, d]`` event embeddings: floats, finite, ``d == dim`` when given.
+        tokens: ``n`` token counts: integers ``>= 0``.
+        what: what the values are, for the message (e.g. ``"GamWriter.add"``).
+        label: optional name of row ``i`` for the message (e.g. its turn id).
+
+    Raises:
+        ValueError: naming ``what`` and the first bad row.
+    """
+    def row(i: int) -> str:
+        return f"{i} ({label(i)})" if label is not None else str(i)
+
+    if not isinstance(emb, Tensor) or emb.dim() != 2 or not emb.is_floating_point():
+        raise ValueError(f"{what}: embeddings must be a float tensor [n, d], got "
+                         f"{type(emb).__name__} {tuple(getattr(emb, 'shape', ()))}")
+    if dim is not None and emb.shape[1] != dim:
+        raise ValueError(f"{what}: embedding width {emb.shape[1]}, the memory's is {dim}")
+    if emb.shape[0] != len(tokens):
+        raise ValueError(f"{what}: {emb.shape[0]} embeddings for {len(tokens)} token counts")
+    bad = ~torch.isfinite(emb).all(1)
+    if bool(bad.any()):
+        raise ValueError(f"{what}: embedding {row(int(torch.nonzero(bad)[0]))} has NaN or "
+                         "infinite values")
+    ok = [isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+          for t in tokens] if not isinstance(tokens, Tensor) else None
+    t = torch.as_tensor([int(x) if k else -1 for x, k in zip(tokens, ok)]
+                        if ok is not None else tokens)
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{what}: token counts must be integers, got {t.dtype}")
+    neg = t < 0
+    if bool(neg.any()):
+        i = int(torch.nonzero(neg)[0])
+        got = tokens[i] if ok is not None else int(t[i])
+        raise ValueError(f"{what}: token count {row(i)} must be an integer >= 0, "
+                         f"got {got!r}")
 
 
 @dataclass
@@ -116,23 +153,29 @@ def build_events(dataset: Dataset, encoder: Any, *, store: Any = None,
         emb: precomputed ``[E, d]`` embeddings in event order (skips the encoder call).
         progress: progress bar of the encoder.
     """
-    texts, turn_ids, session, speaker, ptr = [], [], [], [], [0]
+    texts, turn_ids, session, speaker, conv_of, ptr = [], [], [], [], [], [0]
     names: dict[str, int] = {}
     for c in dataset:
         for si, s in enumerate(c.sessions):
             for j, m in enumerate(s.messages):
                 texts.append(m)
                 turn_ids.append(f"{s.id}:{j}")
+                conv_of.append(c.id)
                 session.append(si)
                 speaker.append(names.setdefault(speaker_of(m), len(names)))
         ptr.append(len(texts))
     if emb is None:
         emb, _ = encode_unique(encoder, texts, store=store, progress=progress)
-    emb = torch.nn.functional.normalize(emb.float(), dim=-1) if len(texts) else \
-        torch.zeros(0, getattr(encoder, "dim", 1))
+    tokens = count_tokens(encoder, texts)
+    if len(texts):
+        check_event_inputs(emb, tokens, f"events of {dataset.source or 'the dataset'}",
+                           label=lambda i: f"{conv_of[i]} {turn_ids[i]}")
+        emb = torch.nn.functional.normalize(emb.float(), dim=-1)
+    else:
+        emb = torch.zeros(0, getattr(encoder, "dim", 1))
     return EventTable(
         texts=texts, turn_ids=turn_ids, emb=emb,
-        tokens=torch.tensor(count_tokens(encoder, texts), dtype=torch.long),
+        tokens=torch.tensor(tokens, dtype=torch.long),
         session=torch.tensor(session, dtype=torch.long),
         speaker=torch.tensor(speaker, dtype=torch.long), speakers=list(names),
         time_anchor=torch.tensor([has_time_anchor(t) for t in texts], dtype=torch.bool),

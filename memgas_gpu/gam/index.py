@@ -10,68 +10,40 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..data.model import Dataset, Question
+from ..data.speakers import named_speakers
 from ..lexical.terms import INDEX_STOPWORDS, TermMatrix
 from ..lexical.tokenize import Tokenizer, Vocabulary
-from ..ops.bm25 import bm25_scores, bm25_weights
+from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
+from ..ops.query_layout import Layout, query_layout
+from ..ops.rank import rank_sessions
 from ..retrieve.embed import encode_unique
 from . import retrieve as R
 from .boundary import add_boundary_noise, segment
 from .events import EventTable, build_events, epg_links
+from .params import FLAT_METHODS, GamParams
 from .topics import (Topics, accept_links, candidate_rows, raw_embeddings, summarize,
                      topic_keys)
 
-__all__ = ["GamParams", "GamIndex", "TurnRetrieval", "FLAT_METHODS"]
-
-#: flat utterance retrieval over the same events and signals (no topics)
-FLAT_METHODS = ("flat_dense", "flat_bm25", "flat_fusion")
+__all__ = ["GamIndex", "TurnRetrieval"]
 
 
 @dataclass
-class GamParams:
-    """Every GAM setting (defaults chosen on LoCoMo dev, see docs/gam.md).
+class _Lexical:
+    """The memory's lexical side: the index tokenizer's terms of every event and topic,
+    and their BM25 postings per conversation (question-independent, built once)."""
 
-    Write path: ``segmentation`` (:data:`~memgas_gpu.gam.boundary.SEGMENTATIONS`),
-    ``window``, ``theta``, ``min_events``, ``max_tokens`` (the semantic rule),
-    ``noise``/``noise_seed`` (boundary noise), ``epg_window`` (local link look-back),
-    ``summaries`` (c_sum source), ``tan_m``, ``tan_candidates``, ``conf_min``,
-    ``min_earlier`` (TAN linking). Read path: ``alpha`` (BM25 weight of the fusion),
-    ``anchors``, ``gamma`` (topic prior), ``eta`` (EPG neighbour term), ``beta_time``,
-    ``beta_role``, ``beta_conf``. Switches: ``tan``, ``epg``, ``mfr`` (the ablations).
-    """
-
-    segmentation: str = "semantic"
-    window: int = 3
-    theta: float = 0.6
-    min_events: int = 4
-    max_tokens: int = 2048
-    noise: float = 0.0
-    noise_seed: int = 0
-    epg_window: int = 4
-    summaries: Any = "offline"
-    tan_m: int = 30
-    tan_candidates: int = 5
-    conf_min: float = 0.5
-    min_earlier: int = 3
-    alpha: float = 1.0
-    anchors: int = 8
-    gamma: float = 2.0
-    eta: float = 0.6
-    beta_time: float = 1.4
-    beta_role: float = 1.4
-    beta_conf: float = 1.2
-    tan: bool = True
-    epg: bool = True
-    mfr: bool = True
-
-    def with_(self, **kw) -> "GamParams":
-        return replace(self, **kw)
+    tokenizer: Tokenizer
+    vocab: Vocabulary
+    events: BM25Postings
+    topics: BM25Postings
+    questions: TermMatrix
 
 
 @dataclass
@@ -127,7 +99,7 @@ class GamIndex:
             judge: optional relation judge (:func:`memgas_gpu.gam.judge.llm_judge`)
                 instead of the GMM similarity test.
         """
-        p = params or GamParams()
+        p = _params(params, GamParams())
         ev = events if events is not None else build_events(dataset, encoder, store=store)
         t0 = time.perf_counter()
         starts = segment(ev.emb, ev.tokens, ev.session_start, p.segmentation,
@@ -143,7 +115,10 @@ class GamIndex:
         return cls(ev, starts, topics, qs, q_conv, p, encoder, timings, store)
 
     # ------------------------------------------------------------------ lexical
-    def _lexical(self):
+    def _lexical(self) -> _Lexical:
+        """Terms of the events, topics (their events' texts) and questions, with the
+        index's default tokenizer; BM25 postings with each conversation's statistics
+        (:func:`~memgas_gpu.ops.bm25.bm25_postings`, as the engine's lexical signals)."""
         if self._lex is None:
             tok = Tokenizer(stopwords=INDEX_STOPWORDS)
             vocab = Vocabulary()
@@ -151,22 +126,23 @@ class GamIndex:
             ptr = self.topics.event_ptr.tolist()
             tids = [[i for e in range(ptr[k], ptr[k + 1]) for i in ids[e]]
                     for k in range(len(ptr) - 1)]
-            self._lex = (tok, vocab, TermMatrix.from_ids(ids), TermMatrix.from_ids(tids))
+            V = max(len(vocab), 1)
+            ev, tp = TermMatrix.from_ids(ids), TermMatrix.from_ids(tids)
+            qs = TermMatrix.from_ids([vocab.encode(tok.tokens(q.text), grow=False)
+                                      for q in self.questions])
+            self._lex = _Lexical(
+                tok, vocab,
+                bm25_postings(ev.indptr, ev.indices, ev.tf, self.events.conv, V),
+                bm25_postings(tp.indptr, tp.indices, tp.tf, self.topics.conv, V), qs)
         return self._lex
 
-    def _bm25(self, docs: TermMatrix, group: Tensor, qi: Tensor, ptr: Tensor) -> Tensor:
-        tok, vocab, _, _ = self._lexical()
-        qm = TermMatrix.from_ids([vocab.encode(tok.tokens(self.questions[i].text), grow=False)
-                                  for i in qi.tolist()])
-        V = max(len(vocab), 1)
-        W, key = bm25_weights(docs.indptr, docs.indices, docs.tf, group, V)
-        S = bm25_scores(W, key, V, qm.indptr, qm.indices, qm.tf, self.q_conv[qi])
-        conv = self.q_conv[qi]
-        out, rows, valid = R.padded(torch.zeros(0), ptr, conv)
-        out = torch.zeros(rows.shape)
-        r, c = S.indices()
-        col = c - ptr[conv[r]]
-        out[r, col] = S.values().float()
+    def _bm25(self, post: BM25Postings, qi: Tensor, lay: Layout) -> Tensor:
+        """``[Q, N_max]`` BM25 of questions ``qi`` against the documents of their
+        conversation laid out as ``lay`` (0 where no term matches)."""
+        qm = self._lexical().questions.rows(qi)
+        q, doc, val = bm25_gather(post, qm.indptr, qm.indices, qm.tf, lay.conv)
+        out = torch.zeros(lay.rows.shape)
+        out.view(-1).index_add_(0, q * lay.n_max + doc - lay.start[q], val.float())
         return out
 
     def question_embeddings(self) -> Tensor:
@@ -188,19 +164,25 @@ class GamIndex:
             params: read settings (default: the build's); the write settings must be
                 the build's.
         """
-        p = params or self.params
+        p = _params(params, self.params)
+        if method != "gam" and method not in FLAT_METHODS:
+            raise ValueError(f"unknown GAM read method {method!r}: 'gam' (an ablation is "
+                             f"'gam' with preset(name)'s params) or one of {FLAT_METHODS}")
         qi = torch.arange(len(self.questions)) if questions is None else \
             torch.as_tensor(list(questions), dtype=torch.long)
+        if qi.numel() and (int(qi.min()) < 0 or int(qi.max()) >= len(self.questions)):
+            raise ValueError(f"question indices must lie in [0, {len(self.questions)}), got "
+                             f"{int(qi.min())}..{int(qi.max())}")
         ev, tp = self.events, self.topics
         conv = self.q_conv[qi]
         q = self.question_embeddings()[qi]
-        _, rows, ev_valid = R.padded(torch.zeros(0), ev.conv_ptr, conv)
+        lay = query_layout(ev.conv_ptr, conv)
+        rows, ev_valid = lay.rows, lay.valid
         dense = _dots(q, ev.emb, rows, ev_valid)
-        _, _, ev_lex, tp_lex = self._lexical()
-        bm = self._bm25(ev_lex, ev.conv, qi, ev.conv_ptr)
+        lex = self._lexical()
+        bm = self._bm25(lex.events, qi, lay)
         turn_ids = [ev.turn_ids[int(ev.conv_ptr[c]):int(ev.conv_ptr[c + 1])]
                     for c in conv.tolist()]
-        n_events = ev.conv_ptr[conv + 1] - ev.conv_ptr[conv]
         if method in FLAT_METHODS:
             if method == "flat_dense":
                 s = dense.masked_fill(~ev_valid, -math.inf)
@@ -208,27 +190,26 @@ class GamIndex:
                 s = bm.masked_fill(~ev_valid, -math.inf)
             else:
                 s = R.zfuse(dense, bm, ev_valid, p.alpha)
-            rk = torch.sort(s, dim=1, descending=True, stable=True).indices
-            rk = torch.where(torch.gather(ev_valid, 1, rk), rk, torch.full_like(rk, -1))
-            return TurnRetrieval(method, qi, s, rk, n_events, turn_ids)
+            return TurnRetrieval(method, qi, s, rank_sessions(s, lay.n), lay.n, turn_ids)
         e = R.zfuse(dense, bm, ev_valid, p.alpha)
         # topics of each question's conversation
         tconv_ptr = torch.searchsorted(tp.conv.contiguous(), torch.arange(len(ev.conv_ids) + 1))
-        _, trows, tp_valid = R.padded(torch.zeros(0), tconv_ptr, conv)
-        t_dense = _dots(q, tp.raw_emb + tp.sum_emb, trows, tp_valid)
-        t_bm = self._bm25(tp_lex, tp.conv, qi, tconv_ptr)
+        tlay = query_layout(tconv_ptr, conv)
+        tp_valid = tlay.valid
+        t_dense = _dots(q, tp.raw_emb + tp.sum_emb, tlay.rows, tp_valid)
+        t_bm = self._bm25(lex.topics, qi, tlay)
         r = R.zfuse(t_dense, t_bm, tp_valid, p.alpha)
-        ev_topic = tp.event_topic[rows] - tconv_ptr[conv][:, None]
+        ev_topic = tp.event_topic[rows] - tlay.start[:, None]
         ev_topic = torch.where(ev_valid, ev_topic, torch.full_like(ev_topic, -1))
         C = len(ev.conv_ids)
         qrow, edge = R.question_edges(conv, tp.conv[tp.src], C)
-        first = tconv_ptr[conv][qrow]
+        first = tlay.start[qrow]
         tan_edges = (qrow, tp.src[edge] - first, tp.dst[edge] - first, tp.conf[edge])
         epg_max = None
         if p.eta:
             src, dst = epg_links(ev.emb, tp.event_topic, self.params.epg_window)
             qrow_e, edge_e = R.question_edges(conv, ev.conv[src], len(ev.conv_ids))
-            f = ev.conv_ptr[conv][qrow_e]
+            f = lay.start[qrow_e]
             m = R.neighbour_max(e.masked_fill(~ev_valid, -math.inf), qrow_e,
                                 src[edge_e] - f, dst[edge_e] - f)
             epg_max = torch.where(torch.isfinite(m) & ev_valid, m, torch.zeros_like(m))
@@ -237,18 +218,18 @@ class GamIndex:
         if p.mfr:
             temporal = torch.tensor([R.is_temporal_question(self.questions[i].text)
                                      for i in qi.tolist()], dtype=torch.bool)
-            time_b = (temporal[:, None] & ev.time_anchor[rows] & ev_valid).float() * \
+            time_b = (temporal[:, None] & ev.time_anchor[rows] & ev_valid).double() * \
                 math.log(p.beta_time)
-            named = torch.zeros(len(qi), len(ev.speakers), dtype=torch.bool)
-            for row, i in enumerate(qi.tolist()):
-                named[row, R.named_speakers(self.questions[i].text, ev.speakers)] = True
-            role_b = (torch.gather(named, 1, ev.speaker[rows]) & ev_valid).float() * \
+            named = torch.tensor([named_speakers(self.questions[i].text, ev.speakers,
+                                                 first_person="user") for i in qi.tolist()],
+                                 dtype=torch.bool).reshape(len(qi), len(ev.speakers))
+            role_b = (torch.gather(named, 1, ev.speaker[rows]) & ev_valid).double() * \
                 math.log(p.beta_role)
             log_conf = math.log(p.beta_conf)
         s, rk = R.rank_events(e, ev_valid, ev_topic, r, tp_valid, tan_edges, anchors=p.anchors,
                               tan=p.tan, epg=p.epg, gamma=p.gamma, eta=p.eta, epg_max=epg_max,
                               time_bonus=time_b, role_bonus=role_b, log_conf=log_conf)
-        return TurnRetrieval("gam", qi, s, rk, n_events, turn_ids)
+        return TurnRetrieval("gam", qi, s, rk, lay.n, turn_ids)
 
     def session_turns(self, retrieval: Any, method: str = "flat_fusion",
                       params: Optional[GamParams] = None) -> TurnRetrieval:
@@ -267,11 +248,20 @@ class GamIndex:
             raise ValueError(f"retrieval has question {int(qi.max())}, this GAM index "
                              f"only {len(self.questions)} (another dataset?)")
         flat = self.retrieve(qi.tolist(), method=method, params=params)
-        sess, _, valid = R.padded(self.events.session, self.events.conv_ptr, self.q_conv[qi])
-        msess = torch.where(valid, sess, torch.full_like(sess, -1))
+        lay = query_layout(self.events.conv_ptr, self.q_conv[qi])
+        msess = torch.where(lay.valid, self.events.session[lay.rows],
+                            torch.full_like(lay.rows, -1))
         rk = session_turn_rankings(retrieval.rankings, msess, flat.scores)
         return TurnRetrieval(f"{retrieval.method}+turns", qi, flat.scores, rk, flat.n_events,
                              flat.turn_ids)
+
+
+def _params(params: Any, default: GamParams) -> GamParams:
+    if params is None:
+        return default
+    if not isinstance(params, GamParams):
+        raise ValueError(f"params must be GamParams, got {type(params).__name__}")
+    return params
 
 
 def _dots(q: Tensor, emb: Tensor, rows: Tensor, valid: Tensor) -> Tensor:

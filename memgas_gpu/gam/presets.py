@@ -9,21 +9,25 @@
   segmentations are separate (``--segmentation``).
 * ``gam_no_mfr`` — no multi-factor re-ranking: relevance only (no time, role or
   confidence factor).
+
+This module is the one list of GAM's method names: the command line imports it (it
+imports neither torch nor numpy), and tests/test_gam_cli.py checks every other place
+that names them.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from .index import FLAT_METHODS, GamParams
+from .params import FLAT_METHODS, GamParams
 
 __all__ = ["GAM_METHODS", "METHODS", "preset"]
 
-GAM_METHODS = ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr")
-#: every method name :func:`preset` and the CLI accept
-METHODS = GAM_METHODS + FLAT_METHODS
-
 _CHANGES = {"gam": {}, "gam_no_tan": {"tan": False}, "gam_no_epg": {"epg": False},
             "gam_no_ssm": {"segmentation": "event"}, "gam_no_mfr": {"mfr": False}}
+#: GAM and its ablations (they rank utterances through the hierarchy)
+GAM_METHODS = tuple(_CHANGES)
+#: every method name :func:`preset` and the CLI accept
+METHODS = GAM_METHODS + FLAT_METHODS
 
 
 def preset(method: str, base: Optional[GamParams] = None) -> GamParams:

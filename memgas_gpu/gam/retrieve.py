@@ -5,8 +5,10 @@ For a question of conversation ``c`` (all questions at once, padded per conversa
 1. **Signals.** Dense: cosine of the question with each event and with each topic's
    c_raw and c_sum. Lexical: BM25 (:mod:`memgas_gpu.ops.bm25`, statistics per
    conversation) of the question against each event and each topic's raw text. Each
-   signal is z-normalised over the conversation's events (topics) and fused
-   ``z(dense) + alpha * z(bm25)`` (:func:`zfuse`), the same fusion as the flat baseline.
+   signal is z-normalised over the conversation's events (topics) by the engine's
+   normalisation (:func:`~memgas_gpu.ops.normalise_signals`, sample standard deviation)
+   and fused ``z(dense) + alpha * z(bm25)`` (:func:`zfuse`), the same fusion as the flat
+   baseline.
 2. **Anchoring and expansion.** The ``anchors`` topics of highest relevance ``r``, plus
    their one-hop TAN neighbours (``tan=True``). Reach confidence: 1 for an anchor, else
    the highest confidence of an edge from an anchor.
@@ -15,7 +17,9 @@ For a question of conversation ``c`` (all questions at once, padded per conversa
 4. **Re-ranking.** ``s_i = e_i + gamma * r_topic(i) + eta * max_{j in EPG(i)} e_j`` and,
    with multi-factor re-ranking, ``+ ln(beta_time) [temporal question and time anchor]
    + ln(beta_role) [event by a person the question names] + ln(beta_conf) * conf``: the
-   paper's factors multiply ``exp(s)``, a positive relevance (docs/gam.md).
+   paper's factors multiply ``exp(s)``, a positive relevance (docs/gam.md). The person
+   a question names is read by :func:`memgas_gpu.data.speakers.named_speakers` (the
+   speaker cue's rule; a first-person question names ``user``).
 
 Without the EPG (``epg=False``) events are not memory units: an event inherits its
 topic's score and the topic's events come in their order (topic-level retrieval).
@@ -24,19 +28,20 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["zfuse", "is_temporal_question", "named_speakers", "padded", "question_edges",
-           "neighbour_max", "rank_events"]
+from ..ops.normalise import normalise_signals
+from ..ops.rank import rank_sessions
+
+__all__ = ["zfuse", "is_temporal_question", "question_edges", "neighbour_max", "rank_events"]
 
 _TEMPORAL_Q = re.compile(
     r"\bwhen\b|\bwhat (?:date|time|day|month|year|week)\b|\bhow long\b|\bwhich "
     r"(?:date|day|month|year|week)\b|\bbefore\b|\bafter\b|\bago\b|\bsince\b|\bfirst\b|"
     r"\blast\b|\byear\b|\bmonth\b", re.I)
-_FIRST_PERSON = re.compile(r"\b(?:i|my|me|mine|i've|i'm)\b", re.I)
 
 
 def is_temporal_question(text: str) -> bool:
@@ -44,49 +49,13 @@ def is_temporal_question(text: str) -> bool:
     return _TEMPORAL_Q.search(text) is not None
 
 
-def named_speakers(question: str, speakers: Sequence[str]) -> list[int]:
-    """Positions in ``speakers`` of the people ``question`` is about: names it contains
-    (whole word, any case), or ``user`` for a first-person question."""
-    out = []
-    low = question.lower()
-    for i, s in enumerate(speakers):
-        if not s:
-            continue
-        if s.lower() == "user":
-            if _FIRST_PERSON.search(question):
-                out.append(i)
-        elif re.search(r"\b" + re.escape(s.lower()) + r"\b", low):
-            out.append(i)
-    return out
-
-
-def padded(values: Tensor, ptr: Tensor, owner: Tensor, fill: float = 0.0
-           ) -> tuple[Tensor, Tensor, Tensor]:
-    """Rows ``ptr[owner[q]] + j`` of ``values`` laid out ``[Q, W]`` (``W`` the largest
-    block); returns ``(out, rows, valid)``."""
-    start = ptr[owner]
-    n = ptr[owner + 1] - start
-    W = int(n.max()) if n.numel() else 0
-    pos = torch.arange(W)
-    valid = pos[None, :] < n[:, None]
-    rows = torch.where(valid, start[:, None] + pos[None, :], torch.zeros_like(valid, dtype=torch.long))
-    out = values[rows] if values.numel() else torch.zeros(rows.shape)
-    return torch.where(valid, out, torch.full_like(out, fill)), rows, valid
-
-
 def zfuse(dense: Tensor, lexical: Optional[Tensor], valid: Tensor, alpha: float) -> Tensor:
-    """``z(dense) + alpha * z(lexical)``, z-scores over each row's valid entries (a
-    constant row scores 0); invalid entries get ``-inf``."""
-    def z(x: Tensor) -> Tensor:
-        v = valid.to(x.dtype)
-        n = v.sum(1, keepdim=True).clamp_min(1)
-        mu = (x * v).sum(1, keepdim=True) / n
-        sd = (((x - mu) ** 2) * v).sum(1, keepdim=True).div(n).sqrt()
-        return torch.where(sd > 0, (x - mu) / sd.clamp_min(1e-12), torch.zeros_like(x))
-
-    s = z(dense)
-    if lexical is not None and alpha != 0.0:
-        s = s + alpha * z(lexical)
+    """``z(dense) + alpha * z(lexical)`` (float64), each signal z-normalised over its row's
+    valid entries by :func:`~memgas_gpu.ops.normalise_signals` (the engine's ``norm="z"``);
+    invalid entries get ``-inf``."""
+    x = dense[:, None] if lexical is None or alpha == 0.0 else torch.stack([dense, lexical], 1)
+    z = normalise_signals(x.double(), valid, "z")
+    s = z[:, 0] if z.shape[1] == 1 else z[:, 0] + alpha * z[:, 1]
     return s.masked_fill(~valid, -math.inf)
 
 
@@ -168,6 +137,4 @@ def rank_events(e: Tensor, ev_valid: Tensor, ev_topic: Tensor, r: Tensor, tp_val
     s = s.double()
     s = torch.where(cand, s + big, s)
     s = s.masked_fill(~ev_valid, -math.inf)
-    ranking = torch.sort(s, dim=1, descending=True, stable=True).indices
-    ranking = torch.where(torch.gather(ev_valid, 1, ranking), ranking, torch.full_like(ranking, -1))
-    return s, ranking
+    return s, rank_sessions(s, ev_valid.sum(1))

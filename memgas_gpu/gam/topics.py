@@ -18,7 +18,6 @@ reduction, hence the same bits, for one online row and a batched offline block).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..ops import gmm1d_accept
+from ..ops.topm import range_top_m
 
 __all__ = ["Topics", "raw_embeddings", "topic_keys", "summarize", "candidate_rows",
            "high_posterior", "accept_links", "RELATIONS"]
@@ -123,35 +123,15 @@ def candidate_rows(key: Tensor, conv: Tensor, rows: Tensor, m: int,
                    chunk: int = 1 << 22) -> tuple[Tensor, Tensor, Tensor]:
     """The ``m`` most similar earlier topics (same conversation) of each topic in ``rows``.
 
+    Earlier topics of the same conversation are the contiguous range ``[first, row)``;
+    the search is :func:`~memgas_gpu.ops.range_top_m` (exact mode: one row searched
+    online gets the bits of the batched build).
+
     Returns ``(sims [R, m], index [R, m], valid [R, m])`` sorted by similarity (ties: the
     earlier topic first); invalid slots have index 0 and similarity ``-inf``.
     """
-    R, d = rows.numel(), key.shape[1]
-    T = key.shape[0]
-    sims = torch.full((R, m), -math.inf)
-    index = torch.zeros(R, m, dtype=torch.long)
-    if R == 0 or T == 0:
-        return sims, index, torch.zeros(R, m, dtype=torch.bool)
-    # earlier topics of the same conversation are a contiguous range [first, row)
     first = torch.searchsorted(conv.contiguous(), conv[rows].contiguous(), right=False)
-    width = int((rows - first).max().item()) if R else 0
-    step = max(1, chunk // max(1, width * d))
-    for s in range(0, R, step):  # chunks of rows, not a loop per topic
-        r = rows[s:s + step]
-        f = first[s:s + step]
-        w = max(1, int((r - f).max().item()))
-        cand = f[:, None] + torch.arange(w)[None, :]
-        ok = cand < r[:, None]
-        cand = torch.where(ok, cand, torch.zeros_like(cand))
-        sim = (key[r][:, None, :] * key[cand]).sum(-1).masked_fill(~ok, -math.inf)
-        k = min(m, w)
-        # stable order: similarity descending, then earlier topic first
-        order = torch.sort(sim, dim=1, descending=True, stable=True).indices[:, :k]
-        sims[s:s + step, :k] = torch.gather(sim, 1, order)
-        index[s:s + step, :k] = torch.gather(cand, 1, order)
-    valid = torch.isfinite(sims)
-    index = torch.where(valid, index, torch.zeros_like(index))
-    return sims, index, valid
+    return range_top_m(key[rows], key, first, rows, m, exact=True, max_elements=chunk)
 
 
 def high_posterior(sims: Tensor, valid: Tensor, accept: Tensor) -> Tensor:

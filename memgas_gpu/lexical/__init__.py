@@ -1,10 +1,8 @@
 """Lexical (BM25) signals: tokenizer, term matrices, batched BM25 over a memory index."""
 from ..ops.bm25 import (BM25_METHODS, BM25Postings, bm25_dense, bm25_gather, bm25_postings,
                         bm25_scores, bm25_weights)
-from .prf import feedback_weights, rm3_expand
 from .signals import (LEXICAL_SIGNALS, BM25Params, GranularityPostings, lexical_postings,
                       lexical_signals)
-from .termscores import query_term_scores, term_coverage
 from .terms import LEXICAL_GRANULARITIES, LexicalIndex, TermMatrix, build_lexical
 from .tokenize import STOPWORDS, Tokenizer, Vocabulary
 
@@ -12,5 +10,4 @@ __all__ = ["BM25_METHODS", "BM25Postings", "bm25_dense", "bm25_gather", "bm25_po
            "bm25_scores", "bm25_weights", "LEXICAL_SIGNALS", "BM25Params",
            "GranularityPostings", "lexical_postings", "lexical_signals",
            "LEXICAL_GRANULARITIES", "LexicalIndex", "build_lexical",
-           "TermMatrix", "STOPWORDS", "Tokenizer", "Vocabulary", "feedback_weights",
-           "rm3_expand", "query_term_scores", "term_coverage"]
+           "TermMatrix", "STOPWORDS", "Tokenizer", "Vocabulary"]

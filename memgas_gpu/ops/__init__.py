@@ -1,23 +1,19 @@
 """Core tensor ops of MemGAS (device-agnostic torch; see each module for the algorithm)."""
-from .coverage import mmr, order_scores, xquad
-from .cues import field_weighted_counts, time_affinity
+from .bm25f import field_weighted_counts
 from .fusion import node_scores, reciprocal_rank_fusion, sum_granularities, weighted_sum
 from .gmm1d import gmm1d_accept
 from .graph import association_edges, build_association_graph, node_layout, symmetric_csr
 from .normalise import NORMS, normalise_signals
 from .ppr import csr_adjacency, personalized_pagerank
 from .propagate import propagate, query_waves, seed_scores
+from .query_layout import Layout, query_layout
 from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
-from .similarity import (block_pattern, packed_reset, packed_session_sums,
-                         packed_similarities, regular_packed_scores,
-                         regular_router_seeds)
+from .time_affinity import time_affinity
+from .topm import range_top_m
 
 __all__ = [
-    "mmr",
-    "order_scores",
-    "xquad",
     "field_weighted_counts",
     "time_affinity",
     "gmm1d_accept",
@@ -41,10 +37,7 @@ __all__ = [
     "node_scores",
     "sum_granularities",
     "rank_sessions",
-    "block_pattern",
-    "packed_similarities",
-    "regular_router_seeds",
-    "packed_reset",
-    "packed_session_sums",
-    "regular_packed_scores",
+    "Layout",
+    "query_layout",
+    "range_top_m",
 ]

@@ -32,50 +32,15 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..data.speakers import MESSAGE as _MSG, named_speakers, split_messages
 from ..ops.bm25 import bm25_scores, bm25_weights
-from ..ops.cues import field_weighted_counts
+from ..ops.bm25f import field_weighted_counts
 
 __all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
            "named_speakers", "split_messages", "parse_date", "question_interval",
            "time_tensors", "time_affinity_of"]
 
-_MSG = re.compile(r"^\[([^\]\n]+)\]: ", re.M)
-_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 _EPOCH = date(1970, 1, 1)
-
-
-def split_messages(turn: str) -> list[tuple[str, str]]:
-    """``"[A]: x\\n[B]: y"`` → ``[("A", "x"), ("B", "y")]`` (text before the first bracket,
-    if any, belongs to speaker ``""``)."""
-    marks = list(_MSG.finditer(turn))
-    out = []
-    if not marks or marks[0].start() > 0:
-        head = turn[:marks[0].start() if marks else len(turn)].strip()
-        if head:
-            out.append(("", head))
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(turn)
-        out.append((m.group(1).strip(), turn[m.end():end].strip()))
-    return out
-
-
-def named_speakers(question: str, speakers: Sequence[str]) -> list[bool]:
-    """Which of ``speakers`` the question names (see the module docstring)."""
-    firsts = [s.split()[0].lower() if s.split() else "" for s in speakers]
-    hit = [False] * len(speakers)
-    for w in _WORD.findall(question):
-        w0 = re.sub(r"'s?$", "", w)
-        lw = w0.lower()
-        exact = [i for i, f in enumerate(firsts) if f and lw == f]
-        if exact:
-            for i in exact:
-                hit[i] = True
-            continue
-        if len(lw) >= 3 and w0[0].isupper():
-            pre = [i for i, f in enumerate(firsts) if f.startswith(lw)]
-            if len(pre) == 1:
-                hit[pre[0]] = True
-    return hit
 
 
 @dataclass
@@ -392,7 +357,7 @@ def time_affinity_of(index, texts: Sequence[str], dates, layout) -> Tensor:
     """``[Q, N_max]`` time cue of queries ``texts`` (asked on ``dates``, entries may be
     None) laid out as ``layout`` (:class:`~memgas_gpu.retrieve.signals.Layout`): 1 where
     the session's date is inside the query's interval, else 0."""
-    from ..ops.cues import time_affinity
+    from ..ops.time_affinity import time_affinity
 
     days = _session_days(index)
     conv = layout.conv.tolist()

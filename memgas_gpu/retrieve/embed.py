@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..data.model import Dataset, Session
-from ..expand.granularity import Expansion
+from ..expand.expansion import Expansion
 
 __all__ = ["encode_unique", "SessionTable", "embed_sessions"]
 

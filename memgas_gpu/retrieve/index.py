@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
-from ..expand.granularity import expand_dataset
+from ..expand.expansion import expand_dataset
 from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique

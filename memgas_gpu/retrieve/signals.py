@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from ..granularity import N_GRAN, expand_ranges, granularity
+from ..ops.query_layout import Layout, query_layout
 
 __all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
            "compute_signals", "query_layout", "signal_nodes", "available", "has",
@@ -66,35 +67,6 @@ class QueryBatch:
 
     def __len__(self) -> int:
         return int(self.q_conv.numel())
-
-
-@dataclass
-class Layout:
-    """Where each query's sessions are: ``start`` (first row of its conversation),
-    ``n`` (its session count), ``valid [Q, N_max]`` and ``rows [Q, N_max]`` (session
-    rows, 0 for padding)."""
-
-    conv: Tensor
-    start: Tensor
-    n: Tensor
-    valid: Tensor
-    rows: Tensor
-
-    @property
-    def n_max(self) -> int:
-        return int(self.rows.shape[1])
-
-
-def query_layout(conv_offsets: Tensor, q_conv: Tensor) -> Layout:
-    """The :class:`Layout` of queries of conversations ``q_conv``."""
-    conv = q_conv.to(torch.int64).cpu()
-    start = conv_offsets[conv]
-    n = conv_offsets[conv + 1] - start
-    n_max = int(n.max()) if n.numel() else 0
-    pos = torch.arange(n_max)
-    valid = pos[None, :] < n[:, None]
-    rows = torch.where(valid, start[:, None] + pos, torch.zeros_like(valid, dtype=torch.long))
-    return Layout(conv, start, n, valid, rows)
 
 
 @dataclass

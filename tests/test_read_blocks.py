@@ -1,16 +1,22 @@
-"""Fast read-path blocks (ops/similarity.py) against the straightforward computation:
-per-query products, the router on a gathered [Q, G, N] copy + seed_scores, and
-memgas_session_scores run conversation by conversation (issue 14)."""
+"""The read-path blocks of benchmarks/read_blocks.py (bench_read_blocks.py times them)
+against the straightforward computation: per-query products, the router on a gathered
+[Q, G, N] copy + seed_scores, and memgas_session_scores run conversation by
+conversation."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from memgas_gpu.ops import (build_association_graph, entropy_router,
-                            memgas_session_scores, packed_similarities,
-                            regular_packed_scores, regular_router_seeds, seed_scores)
+from memgas_gpu.ops import (build_association_graph, entropy_router, memgas_session_scores,
+                            seed_scores)
 
+from _benchmarks import load_benchmark
 from _synth import conversation, torch_single_thread  # noqa: F401
+
+_blocks = load_benchmark("read_blocks")
+packed_similarities = _blocks.packed_similarities
+regular_packed_scores = _blocks.regular_packed_scores
+regular_router_seeds = _blocks.regular_router_seeds
 
 G = 4
 

@@ -1,4 +1,7 @@
-"""Building blocks of a fast MemGAS read path over packed conversations (issue 14).
+"""Building blocks of a fast MemGAS read path over packed conversations: research code
+for ``bench_read_blocks.py`` (docs/performance.md, "LongMemEval shape"), kept out of the
+package; the engine took the sampled product over to its dense signals
+(``memgas_gpu/retrieve/signals.py``).
 
 All blocks work on the index's packed layout: the nodes of every conversation are one
 contiguous run of ``node_emb`` (``conv_start[c]``, ``conv_count[c]`` nodes), and within a
@@ -16,12 +19,13 @@ belongs to conversation ``q_conv[q]``. None of them loops over conversations in 
 * :func:`regular_router_seeds`: entropy-router weights and the top-``alpha`` seeds from
   those similarities, reading them as a ``[Q, G, N]`` *view* (no scatter into a
   ``[Q, G * N]`` copy, no per-node gather of the weights); equal, bit for bit, to
-  ``ops.scores``' ``_route`` + :func:`~memgas_gpu.ops.scores.seed_scores`.
+  the router of :func:`~memgas_gpu.ops.memgas_session_scores` +
+  :func:`~memgas_gpu.ops.seed_scores`.
 * :func:`packed_reset` / :func:`packed_session_sums`: the PageRank reset rows
-  (:func:`~memgas_gpu.ops.propagate.query_waves`: the k-th query of every conversation shares row k) and the
-  per-session sums of the result, through flat indices (no boolean-mask indexing).
+  (:func:`~memgas_gpu.ops.query_waves`: the k-th query of every conversation shares
+  row k) and the per-session sums of the result, through flat indices (no boolean-mask indexing).
 * :func:`regular_packed_scores`: the four wired together; the same session scores as
-  :func:`~memgas_gpu.ops.scores.memgas_session_scores` run conversation by conversation
+  :func:`~memgas_gpu.ops.memgas_session_scores` run conversation by conversation
   (tests: same rankings; scores within 1e-12 in float64, 1e-7 in float32, where the
   similarities differ from per-conversation products by summation order).
 """
@@ -33,10 +37,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .propagate import query_waves
-
-from .ppr import personalized_pagerank
-from .router import entropy_router
+from memgas_gpu.ops import entropy_router, personalized_pagerank, query_waves
 
 __all__ = ["packed_similarities", "regular_router_seeds", "packed_reset",
            "packed_session_sums", "regular_packed_scores", "block_pattern"]
@@ -149,7 +150,7 @@ def regular_router_seeds(sims: Tensor, n_sessions: Tensor, n_gran: int, *,
             ``G * n_sessions[q]`` are padding).
         n_gran: ``G``.
         temperature, alpha, router, use_router: as
-            :func:`~memgas_gpu.ops.scores.memgas_session_scores`.
+            :func:`~memgas_gpu.ops.memgas_session_scores`.
 
     Returns:
         ``(weights [Q, G], seeds [Q, G * N_max] float64)``; seeds are the weighted
@@ -186,7 +187,7 @@ def _flat_nodes(q_row: Tensor, q_conv: Tensor, conv_start: Tensor, conv_count: T
 def packed_reset(seeds: Tensor, q_row: Tensor, n_rows: int, q_conv: Tensor,
                  conv_start: Tensor, conv_count: Tensor, n: int) -> Tensor:
     """PageRank reset ``[n_rows, n]``: query ``q``'s seeds on its conversation's nodes in
-    row ``q_row[q]`` (rows from :func:`~memgas_gpu.ops.propagate.query_waves`)."""
+    row ``q_row[q]`` (rows from :func:`~memgas_gpu.ops.query_waves`)."""
     flat = _flat_nodes(q_row, q_conv, conv_start, conv_count, n, seeds.shape[1], n_rows)
     out = torch.zeros(n_rows * n + 1, dtype=seeds.dtype, device=seeds.device)
     out.index_put_((flat.flatten(),), seeds.flatten(), accumulate=True)
@@ -217,8 +218,8 @@ def regular_packed_scores(q_emb: Tensor, q_conv: Tensor, node_emb: Tensor, conv_
                           half_storage: bool = False, backend: str = "auto"
                           ) -> Tuple[Tensor, Tensor]:
     """MemGAS session scores of regular packed conversations from the blocks above:
-    ``(scores [Q, N_max] float64, valid [Q, N_max] bool)`` as
-    :func:`~memgas_gpu.ops.scores.memgas_session_scores_packed`."""
+    ``(scores [Q, N_max] float64, valid [Q, N_max] bool)``; the same scores as
+    :func:`~memgas_gpu.ops.memgas_session_scores` run conversation by conversation."""
     dev = node_emb.device
     q_conv = q_conv.to(device=dev, dtype=torch.int64)
     conv_start = conv_start.to(device=dev, dtype=torch.int64)
