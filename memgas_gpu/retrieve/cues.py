@@ -6,7 +6,7 @@ names in those brackets: no name list.  A question *names* a speaker when one of
 words is the speaker's first name, or a capitalised prefix of at least three letters
 of exactly one speaker's first name ("Mel" for Melanie).  :func:`speaker_signal` is
 BM25 over the turns (or sessions) where the named speaker's messages count ``1 + γ``
-times (BM25F-style, :func:`memgas_gpu.ops.cues.field_weighted_counts`); it replaces
+times (BM25F-style, :func:`memgas_gpu.ops.bm25f.field_weighted_counts`); it replaces
 ``bm25_Tmax`` (or ``bm25_S``) in the fusion.
 
 **Time.** Absolute expressions in the question ("on 7 July, 2023", "May 23, 2023", "in
@@ -185,7 +185,7 @@ def speaker_signal(index, data: SpeakerData, questions: Tensor,
                    weights: SpeakerBM25) -> Tensor:
     """``[Q, N_max]`` BM25 of each session (best document of the session) with the named
     speaker's messages weighted (BM25F-style, see
-    :func:`memgas_gpu.ops.cues.field_weighted_counts`).
+    :func:`memgas_gpu.ops.bm25f.field_weighted_counts`).
 
     A question that names exactly one speaker of its conversation is scored against the
     documents of that speaker's variant; any other question against the plain documents
