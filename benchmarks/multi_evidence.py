@@ -10,8 +10,8 @@ conversations, scored on the third), and the added time of each stage::
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD nice python benchmarks/multi_evidence.py \\
         --cache /tmp/i16 --out multi_evidence.json
 
-Stages (``rerank_stages.py`` beside this script, ``memgas_gpu.ops.time_affinity``,
-``memgas_gpu.retrieve.cues``): xQuAD over question terms, MMR over session embeddings,
+Stages (``rerank_stages.py`` and ``cue_stages.py`` beside this script,
+``memgas_gpu.ops.time_affinity``, ``memgas_gpu.retrieve.cues``): xQuAD over question terms, MMR over session embeddings,
 RM3 on the BM25 signals, the speaker cue (message-level BM25 with the named speaker's
 messages weighted), the time cue (session dates against the question's interval), and
 personalized PageRank settings of the existing ``fusion="ppr"``.
@@ -33,14 +33,14 @@ from memgas_gpu.eval import evaluate
 from memgas_gpu.lexical import lexical_signals, BM25Params
 from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.cues import (build_speaker_data, question_interval, speaker_bm25,
-                                      speaker_signal, time_tensors)
+from memgas_gpu.retrieve.cues import question_interval, speaker_bm25
 from memgas_gpu.granularity import N_GRAN
 from memgas_gpu.retrieve.engine import read_path, resolve
 from memgas_gpu.retrieve.graphs import lexical_graph
 from memgas_gpu.retrieve.search import Retrieval, question_batch
 from memgas_gpu.retrieve.signals import SignalContext, compute_signals, query_layout, signal_nodes
 
+from cue_stages import build_speaker_data, speaker_signal, time_tensors
 from rerank_stages import (feedback_weights, mmr, query_term_scores, rm3_expand,
                            term_coverage, xquad)
 

@@ -12,9 +12,13 @@ import torch
 from memgas_gpu.lexical import lexical_signals
 from memgas_gpu.ops.bm25f import field_weighted_counts
 from memgas_gpu.ops.time_affinity import time_affinity
-from memgas_gpu.retrieve.cues import (build_speaker_data, named_speakers, parse_date,
-                                      question_interval, speaker_bm25, speaker_signal,
-                                      split_messages)
+from memgas_gpu.retrieve.cues import (named_speakers, parse_date, question_interval,
+                                      speaker_bm25, split_messages)
+
+from _benchmarks import load_benchmark
+
+_cues = load_benchmark("cue_stages")  # the dataset path of the cues (research code)
+build_speaker_data, speaker_signal = _cues.build_speaker_data, _cues.speaker_signal
 
 pytest.importorskip("dateutil")
 

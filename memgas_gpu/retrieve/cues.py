@@ -36,9 +36,9 @@ from ..data.speakers import MESSAGE as _MSG, named_speakers, split_messages
 from ..ops.bm25 import bm25_scores, bm25_weights
 from ..ops.bm25f import field_weighted_counts
 
-__all__ = ["SpeakerData", "build_speaker_data", "SpeakerBM25", "speaker_bm25", "speaker_signal",
-           "named_speakers", "split_messages", "parse_date", "question_interval",
-           "time_tensors", "time_affinity_of"]
+__all__ = ["SpeakerData", "message_data", "best_turn_scores", "days_since_epoch",
+           "SpeakerBM25", "speaker_bm25", "named_speakers", "split_messages", "parse_date",
+           "question_interval", "time_affinity_of", "speaker_data_of", "speaker_turn_signal"]
 
 _EPOCH = date(1970, 1, 1)
 
@@ -66,31 +66,7 @@ class SpeakerData:
     named: Tensor
 
 
-def build_speaker_data(index, dataset) -> SpeakerData:
-    """:class:`SpeakerData` of ``index`` (built from ``dataset``, same conversations)."""
-    if index.lexical is None:
-        raise ValueError("the speaker cue needs an index built with lexical=True")
-
-    def sessions(ci):
-        meta = index.conversations[ci]
-        conv = dataset.get(meta.id)
-        if conv is None or [s.id for s in conv.sessions] != meta.session_ids:
-            raise ValueError(f"dataset {dataset.source!r} does not match the index at "
-                             f"conversation {meta.id!r}")
-        return [s.turns for s in conv.sessions]
-
-    data = _message_data(index, range(index.n_conversations), sessions)
-    speakers = data.speakers
-    named = torch.zeros(len(index.questions), data.named.shape[1], dtype=torch.bool)
-    for qi, q in enumerate(index.questions):
-        names = speakers[int(index.q_conv[qi])]
-        if names:
-            named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
-    data.named = named
-    return data
-
-
-def _message_data(index, conversations, session_turns) -> SpeakerData:
+def message_data(index, conversations, session_turns) -> SpeakerData:
     """:class:`SpeakerData` of ``conversations`` (``session_turns(c)``: the turn texts of
     each of conversation ``c``'s sessions, in order); ``named`` is left empty
     (``[0, P]``) and ``speakers`` is ``[]`` for the conversations not asked for."""
@@ -122,7 +98,7 @@ def _message_data(index, conversations, session_turns) -> SpeakerData:
                        speakers, torch.zeros(0, P, dtype=torch.bool))
 
 
-def _best_turn_scores(weights: "SpeakerBM25", variant: int, q_terms, q_conv: Tensor,
+def best_turn_scores(weights: "SpeakerBM25", variant: int, q_terms, q_conv: Tensor,
                       n_max: int) -> Tensor:
     """``[len(q_conv), n_max]``: each query's best document per session under the
     speaker variant ``variant``'s BM25 weights (0 where no term matches)."""
@@ -181,40 +157,6 @@ def speaker_bm25(index, data: SpeakerData, gamma: float = 1.0, granularity: str 
     return SpeakerBM25(out, (doc_row - offs[doc_conv]).to(dev), V)
 
 
-def speaker_signal(index, data: SpeakerData, questions: Tensor,
-                   weights: SpeakerBM25) -> Tensor:
-    """``[Q, N_max]`` BM25 of each session (best document of the session) with the named
-    speaker's messages weighted (BM25F-style, see
-    :func:`memgas_gpu.ops.bm25f.field_weighted_counts`).
-
-    A question that names exactly one speaker of its conversation is scored against the
-    documents of that speaker's variant; any other question against the plain documents
-    (``gamma=0`` or no named speaker: exactly ``bm25_Tmax`` / ``bm25_S``).
-
-    Args:
-        index: the memory index (built with ``lexical=True``).
-        data: its :class:`SpeakerData`.
-        questions: ``[Q]`` indices into ``index.questions``.
-        weights: :func:`speaker_bm25` of the same index and data.
-
-    Returns:
-        ``[Q, N_max]`` float32 (0 past a conversation's end).
-    """
-    dev = weights.doc_pos.device
-    qi = torch.as_tensor(questions, dtype=torch.long)
-    conv = index.q_conv[qi]
-    offs = index.conv_offsets
-    n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
-    out = torch.zeros(qi.numel(), n_max, dtype=torch.float32, device=dev)
-    named = data.named[qi]
-    variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
-    for v in torch.unique(variant).tolist():
-        sel = torch.nonzero(variant == v).squeeze(1)
-        out[sel.to(dev)] = _best_turn_scores(weights, v, index.lexical.queries.rows(qi[sel]),
-                                             conv[sel], n_max)
-    return out
-
-
 # ---------------------------------------------------------------------- time
 _MONTHS = "|".join(calendar.month_name[1:]) + "|" + "|".join(
     m for m in calendar.month_abbr[1:] if m != "May")
@@ -255,7 +197,7 @@ def parse_date(text: str) -> Optional[date]:
         return None
 
 
-def _days(d: date) -> float:
+def days_since_epoch(d: date) -> float:
     return float((d - _EPOCH).days)
 
 
@@ -277,7 +219,7 @@ def question_interval(text: str, anchor: Optional[date] = None,
         span = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", span)
         if gran == "year":
             y = int(span)
-            return _days(date(y, 1, 1)), _days(date(y, 12, 31))
+            return days_since_epoch(date(y, 1, 1)), days_since_epoch(date(y, 12, 31))
         if gran.endswith("noyear") and anchor is None:
             continue
         ref = datetime(anchor.year if anchor else 2000, 1, 1)
@@ -289,42 +231,22 @@ def question_interval(text: str, anchor: Optional[date] = None,
             d = d.replace(year=d.year - 1)
         if gran.startswith("month"):
             last = calendar.monthrange(d.year, d.month)[1]
-            return _days(d.replace(day=1)), _days(d.replace(day=last))
-        return _days(d), _days(d)
+            return days_since_epoch(d.replace(day=1)), days_since_epoch(d.replace(day=last))
+        return days_since_epoch(d), days_since_epoch(d)
     if question_date is None:
         return None
     q = question_date
     for pat, back, fwd in _RELATIVE:
         if re.search(pat, text, re.I):
-            return _days(q - timedelta(days=back)), _days(q - timedelta(days=fwd))
+            return days_since_epoch(q - timedelta(days=back)), days_since_epoch(q - timedelta(days=fwd))
     m = _AGO.search(text)
     if m:
         g = m.group(1).lower()
         n = int(g) if g.isdigit() else _NUM[g]
         back = n * _UNIT[m.group(2).lower()]
         slack = max(2, back // 4)
-        return _days(q - timedelta(days=back + slack)), _days(q - timedelta(days=back - slack))
+        return days_since_epoch(q - timedelta(days=back + slack)), days_since_epoch(q - timedelta(days=back - slack))
     return None
-
-
-def time_tensors(index) -> tuple[Tensor, Tensor, Tensor]:
-    """``(start [n_questions], end [n_questions], session_day [n_rows])`` in days (NaN
-    where a question has no time expression or a session no readable date)."""
-    sess = []
-    last_of = []
-    for meta in index.conversations:
-        ds = [parse_date(d) for d in meta.session_dates]
-        sess.extend(_days(d) if d else float("nan") for d in ds)
-        known = [d for d in ds if d]
-        last_of.append(max(known) if known else None)
-    start, end = [], []
-    for qi, q in enumerate(index.questions):
-        iv = question_interval(q.text, anchor=last_of[int(index.q_conv[qi])],
-                               question_date=parse_date(q.date))
-        start.append(iv[0] if iv else float("nan"))
-        end.append(iv[1] if iv else float("nan"))
-    f = torch.float64
-    return torch.tensor(start, dtype=f), torch.tensor(end, dtype=f), torch.tensor(sess, dtype=f)
 
 
 def _cached(index, name: str, build):
@@ -346,7 +268,7 @@ def _session_days(index) -> list:
         for meta in index.conversations:
             ds = [parse_date(d) for d in meta.session_dates]
             known = [d for d in ds if d]
-            out.append(([_days(d) if d else float("nan") for d in ds],
+            out.append(([days_since_epoch(d) if d else float("nan") for d in ds],
                         max(known) if known else None))
         return out
 
@@ -391,7 +313,7 @@ def speaker_data_of(index, conversations: Sequence[int]) -> SpeakerData:
         slots = index.row_slot[offs[ci]:offs[ci + 1]].tolist()
         return [index.turn_text.strings(range(ptr[j], ptr[j + 1])) for j in slots]
 
-    return _message_data(index, conversations, sessions)
+    return message_data(index, conversations, sessions)
 
 
 def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, layout,
@@ -429,7 +351,7 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
     w = speaker_bm25(index, data, gamma, "T", k1, b, method, str(dev))
     for v in torch.unique(variant[variant >= 0]).tolist():
         sel = torch.nonzero(variant == v).squeeze(1)
-        out[sel.to(dev)] = _best_turn_scores(w, v, q_terms.rows(sel), conv[sel],
+        out[sel.to(dev)] = best_turn_scores(w, v, q_terms.rows(sel), conv[sel],
                                              layout.n_max)
     return out
 
