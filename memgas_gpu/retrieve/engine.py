@@ -36,7 +36,7 @@ from ..ops.normalise import NORMS
 from .signals import (SIGNALS, QueryBatch, SignalContext, compute_signals, query_layout,
                       signal_nodes)
 
-__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
+__all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "DEFAULT_SIGNALS", "EXTRACTIVE_SIGNALS",
            "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError", "SettingsError", "resolve", "read_path",
            "score", "auto_signals"]
 
@@ -176,6 +176,9 @@ PRESETS: dict[str, ReadParams] = {
                                 fusion="sum", speaker_gamma=1.0, time_beta=2.0),
 }
 METHODS = tuple(PRESETS)
+#: the method used when none is named (``memgas eval``, ``memgas search``, ``retrieve``,
+#: ``MemoryIndex.search``): the best of :data:`METHODS` on LoCoMo dev (README, "Methods")
+DEFAULT_METHOD = "memgas_hybrid"
 _FIELDS = {f.name for f in fields(ReadParams)}
 
 
