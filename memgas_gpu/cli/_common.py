@@ -267,9 +267,9 @@ def build_options(f):
     @click.option("--store", type=click.Path(file_okay=False), default=None,
                   help="Embedding store folder: resumable, shared across runs.")
     @click.option("--store-dtype", type=click.Choice(("float32", "float16")), default=None,
-                  help="How --store keeps embeddings: float32 (exactly the embeddings of "
-                       "a build without a store) or float16 (half the disk; the rounding "
-                       "can change a few association edges) [default: the store's own, "
+                  help="How --store keeps embeddings: float32 (a build without a store, "
+                       "to float32 rounding) or float16 (half the disk; the rounding can "
+                       "change a few association edges) [default: the store's own, "
                        "float32 for a new store].")
     @click.option("--m", "m", type=click.IntRange(2), default=30, show_default=True,
                   help="Candidates per node for the GMM association test.")

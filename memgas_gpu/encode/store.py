@@ -56,8 +56,8 @@ FORMAT = "memgas-embedding-store"
 VERSION = 1
 LOCK_FILE = "writer.lock"
 _NP = {"float16": np.float16, "float32": np.float32}
-#: on-disk dtype of a new store: float32 keeps the embeddings (and so the association
-#: graph) exactly those of a build without a store
+#: on-disk dtype of a new store: float32 keeps the embeddings those of a build without a
+#: store (to float32 rounding), and so its association graph
 DEFAULT_DTYPE = "float32"
 _ST = {"F16": np.float16, "F32": np.float32}
 
