@@ -229,3 +229,21 @@ def test_a_conversation_without_sessions_searches_empty(tiny_encoder):
     mem = mg.MemoryIndex.build(mg.Dataset([mg.Conversation("empty", [])]), tiny_encoder)
     (res,) = mem.search("empty", ["anything?"], k=5)
     assert res.session_ids == [] and res.scores == [] and res.evidence == []
+
+
+def test_one_default_method_everywhere(tmp_path, tiny_encoder):
+    """retrieve, MemoryIndex.retrieve, search and MemoryIndex.search use DEFAULT_METHOD
+    when no method is named (as memgas eval and memgas search do)."""
+    from memgas_gpu.retrieve import DEFAULT_METHOD, retrieve, search
+    from memgas_gpu.synth import write_synthetic
+
+    write_synthetic(tmp_path / "d.json", questions=2, sessions=4, turns=2, words=8,
+                    progress=False)
+    idx = mg.MemoryIndex.build(load_dataset(tmp_path / "d.json"), tiny_encoder,
+                               progress=False)
+    want = idx.retrieve(method=DEFAULT_METHOD)
+    for r in (retrieve(idx), idx.retrieve()):
+        assert r.method == DEFAULT_METHOD and torch.equal(r.rankings, want.rankings)
+    conv = idx.conversations[0].id
+    named = idx.search(conv, ["violin?"], method=DEFAULT_METHOD)
+    assert search(idx, conv, ["violin?"]) == idx.search(conv, ["violin?"]) == named
