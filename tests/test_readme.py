@@ -274,6 +274,6 @@ def test_online_memory_search_finds_the_planted_session(ran):
 def test_readme_and_docs_exactly_as_written(tmp_path):
     """The bundled MiniLM at the README's own scale, each block in its own process."""
     readme, docs = _run_all(tmp_path, DOCS, fast=False)
-    assert not readme.failures, readme.failures
-    assert not any(d.failures for d in docs.values()), {k: d.failures for k, d in docs.items()}
+    failures = {**readme.failures, **{k: v for d in docs.values() for k, v in d.failures.items()}}
+    assert not failures, failures
     _check_quick_start(tmp_path, readme)
