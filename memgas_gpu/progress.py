@@ -8,7 +8,9 @@ redirected to a file, a batch job, a pipe) it prints one plain line every
     encode: 41,000/96,500 texts (42%), 812 texts/s, elapsed 50s, ETA 1m08s
 
 and a closing line when a stage that lasted at least the interval ends.  A shorter
-stage prints nothing.  :func:`set_quiet` / :func:`quiet` (the CLI's ``--quiet``, or
+stage prints nothing.  A ``MEMGAS_PROGRESS_INTERVAL`` that is not a finite number of
+seconds >= 0 (``nan``, ``inf``, ``-1``, ``ten``) is reported once on stderr and the
+default is used.  Progress never goes to stdout: with no stderr (``2>&-``) it is off.  :func:`set_quiet` / :func:`quiet` (the CLI's ``--quiet``, or
 ``MEMGAS_QUIET=1``) silence every stage; a call's own ``progress=False`` silences
 that call; ``progress=None`` follows the enclosing :func:`defaults` scope.
 """
@@ -16,23 +18,43 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import sys
 import time
 from typing import IO, Callable, Iterator, Optional
 
-__all__ = ["Progress", "defaults", "is_enabled", "is_quiet", "quiet", "set_quiet"]
+__all__ = ["Progress", "DEFAULT_INTERVAL", "defaults", "is_enabled", "is_quiet", "quiet",
+           "set_quiet"]
 
 _QUIET = [os.environ.get("MEMGAS_QUIET", "") not in ("", "0")]
 _DEFAULT: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
     "memgas_progress", default=None)
 
 
+#: seconds between plain progress lines unless ``MEMGAS_PROGRESS_INTERVAL`` says otherwise
+DEFAULT_INTERVAL = 10.0
+_WARNED: set = set()
+
+
 def _interval() -> float:
+    """``MEMGAS_PROGRESS_INTERVAL`` in seconds; a bad value is reported (once) and the
+    default used, so that a typo never silences the progress of a long job."""
+    raw = os.environ.get("MEMGAS_PROGRESS_INTERVAL", "")
+    if not raw.strip():
+        return DEFAULT_INTERVAL
     try:
-        return float(os.environ.get("MEMGAS_PROGRESS_INTERVAL", "10"))
+        value = float(raw)
     except ValueError:
-        return 10.0
+        value = math.nan
+    if math.isfinite(value) and value >= 0:
+        return value
+    if raw not in _WARNED:
+        _WARNED.add(raw)
+        if sys.stderr is not None:
+            print(f"memgas: MEMGAS_PROGRESS_INTERVAL={raw!r} is not a finite number of "
+                  f"seconds >= 0; using {DEFAULT_INTERVAL:g}", file=sys.stderr, flush=True)
+    return DEFAULT_INTERVAL
 
 
 def set_quiet(quiet: bool = True) -> None:
@@ -103,12 +125,15 @@ class Progress:
         enabled: the caller's ``progress`` argument (see :func:`is_enabled`).
         unit_scale: print counts as sizes (``1.2GB``), for bytes.
         leave: keep the terminal bar after it closes.
-        file: stream (default: ``sys.stderr`` at creation).
+        file: stream (default: ``sys.stderr`` at creation; none, as under ``2>&-``:
+            no output; never ``sys.stdout`` by default).
         interval: seconds between plain lines (default ``MEMGAS_PROGRESS_INTERVAL``
             or 10).
         clock: monotonic time source (tests pass a fake one).
         tty: force bar (True) or plain lines (False); default: whether ``file`` is a
             terminal.
+        initial: units already done before the stage started (e.g. answers found in
+            a cache); counted in done/total, not in the rate.
     """
 
     def __init__(self, total: Optional[int], desc: str, unit: str = "it", *,
@@ -116,20 +141,25 @@ class Progress:
                  leave: bool = True, file: Optional[IO[str]] = None,
                  interval: Optional[float] = None,
                  clock: Callable[[], float] = time.monotonic,
-                 tty: Optional[bool] = None) -> None:
+                 tty: Optional[bool] = None, initial: int = 0) -> None:
         self.total, self.desc, self.unit, self.unit_scale = total, desc, unit, unit_scale
         self.file = file if file is not None else sys.stderr
-        self.enabled = is_enabled(enabled)
+        # (print(file=None) would write to stdout, into a command's --json output)
+        self.enabled = is_enabled(enabled) and self.file is not None
         self.interval = _interval() if interval is None else float(interval)
+        if not (math.isfinite(self.interval) and self.interval >= 0):
+            raise ValueError(f"interval must be a finite number >= 0, got {interval!r}")
         self.clock = clock
-        self.n, self.postfix, self.lines = 0, "", 0
+        self.n, self.postfix, self.lines = int(initial), "", 0
+        self._n0 = self.n
         self.t0 = self.last = clock()
         self._bar = None
         if self.enabled and (_isatty(self.file) if tty is None else tty):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale,
-                             leave=leave, file=self.file, dynamic_ncols=True)
+                             leave=leave, file=self.file, dynamic_ncols=True,
+                             initial=self.n)
 
     def __enter__(self) -> "Progress":
         return self
@@ -174,7 +204,7 @@ class Progress:
 
     def _line(self, now: float, final: bool = False) -> None:
         elapsed = max(now - self.t0, 1e-9)
-        rate = self.n / elapsed
+        rate = (self.n - self._n0) / elapsed
         unit = "" if self.unit_scale else f" {self.unit}s"
         done = self._count(self.n) if self.total is None else \
             f"{self._count(self.n)}/{self._count(self.total)}{unit}"
@@ -190,5 +220,9 @@ class Progress:
                 parts.append(f"ETA {_duration(max(self.total - self.n, 0) / rate)}")
         if self.postfix:
             parts.append(self.postfix)
-        print(", ".join(parts), file=self.file, flush=True)
+        try:
+            print(", ".join(parts), file=self.file, flush=True)
+        except (OSError, ValueError):  # stderr closed or gone: the job goes on, silently
+            self.enabled = False
+            return
         self.lines += 1

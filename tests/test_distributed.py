@@ -153,6 +153,6 @@ def test_driver_restart_resumes_from_committed_shards(local_ray, single, tiny_mo
 
 
 def _small_shards(init):
-    def wrapped(self, dir, fingerprint, dtype="float16", shard_size=16):
+    def wrapped(self, dir, fingerprint, dtype=None, shard_size=16):
         init(self, dir, fingerprint, dtype=dtype, shard_size=16)
     return wrapped

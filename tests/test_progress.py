@@ -140,3 +140,48 @@ def test_memgas_index_reports_every_stage_in_a_log_and_quiet_silences_it(
     a = json.loads((tmp_path / "a" / "manifest.json").read_text())
     b = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert a["version"] == b["version"]
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "-1", "ten", "1e400"])
+def test_a_bad_interval_is_reported_once_and_the_default_used(raw, monkeypatch, capsys):
+    monkeypatch.setenv("MEMGAS_PROGRESS_INTERVAL", raw)
+    monkeypatch.setattr(pg, "_WARNED", set(), raising=False)
+    assert Progress(3, "s", file=io.StringIO()).interval == 10.0  # not silenced
+    assert Progress(3, "s", file=io.StringIO()).interval == 10.0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "MEMGAS_PROGRESS_INTERVAL" in err[0] and repr(raw) in err[0]
+    for good, want in (("0", 0.0), ("2.5", 2.5), ("", 10.0)):
+        monkeypatch.setenv("MEMGAS_PROGRESS_INTERVAL", good)
+        assert Progress(3, "s", file=io.StringIO()).interval == want
+    with pytest.raises(ValueError, match="interval"):
+        Progress(3, "s", file=io.StringIO(), interval=float("nan"))
+
+
+def test_no_stderr_means_no_progress_and_never_stdout(monkeypatch, capsys):
+    clock = Clock()
+    monkeypatch.setattr("sys.stderr", None)  # what Python has under 2>&-
+    p = Progress(4, "load d.json", enabled=True, interval=0, clock=clock)
+    clock.t += 5
+    p.update(2)
+    p.close()
+    assert capsys.readouterr().out == ""
+
+
+def test_a_closed_stream_stops_progress_not_the_job():
+    out, clock = io.StringIO(), Clock()
+    p = Progress(4, "encode", enabled=True, file=out, interval=0, clock=clock)
+    out.close()
+    clock.t += 5
+    p.update(2)  # writing fails: progress stops, the caller goes on
+    p.close()
+    assert not p.enabled
+
+
+def test_work_done_before_the_stage_counts_in_done_not_in_the_rate():
+    out, clock = io.StringIO(), Clock()
+    p = Progress(100, "llm", unit="request", enabled=True, file=out, interval=5,
+                 clock=clock, initial=60)
+    clock.t += 10
+    p.update(20)  # 80 of 100 done; 20 in 10 s: 2/s, 20 left → 10 s
+    assert _lines(out) == ["llm: 80/100 requests (80%), 2.0 requests/s, elapsed 10s, "
+                           "ETA 10s"]

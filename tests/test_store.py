@@ -80,9 +80,9 @@ def test_dedup_longmemeval_sample(tiny, tmp_path, rows_forwarded, lme_sample_pat
     # a second call (another process would do the same) encodes nothing
     again = EmbeddingStore(tmp_path / "s", tiny.fingerprint).encode(tiny, texts[::-1], progress=False)
     assert sum(rows_forwarded) == 19 and torch.equal(again, emb.flip(0))
-    # stored values are the encoder's, rounded to float16
-    want = tiny.encode([texts[0]])[0].half().float()
-    torch.testing.assert_close(emb[0], want, atol=2e-3, rtol=2e-3)
+    # stored values are the encoder's own (float32 by default: no rounding)
+    want = tiny.encode([texts[0]], progress=False)[0]
+    torch.testing.assert_close(emb[0], want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -127,11 +127,14 @@ def test_manifest_checks(tiny, tmp_path):
     s.encode(tiny, ["a", "b", "a"], progress=False)
     man = json.loads((folder / "manifest.json").read_text())
     assert man["fingerprint"] == tiny.fingerprint and man["dim"] == tiny.dim
-    assert man["dtype"] == "float16" and man["version"] == 1 and man["encoder"]["pooling"] == "mean"
+    assert man["dtype"] == "float32" and man["version"] == 1 and man["encoder"]["pooling"] == "mean"
     with pytest.raises(StoreError, match="fingerprint"):
         EmbeddingStore(folder, "another-encoder")
     with pytest.raises(StoreError, match="dtype"):
-        EmbeddingStore(folder, tiny.fingerprint, dtype="float32")
+        EmbeddingStore(folder, tiny.fingerprint, dtype="float16")
+    half = EmbeddingStore(tmp_path / "h", tiny.fingerprint, dtype="float16")
+    half.encode(tiny, ["a"], progress=False)
+    assert EmbeddingStore(tmp_path / "h", tiny.fingerprint).dtype == "float16"  # the folder's
     with pytest.raises(StoreError, match="fingerprint"):
         EmbeddingStore(tmp_path / "t", "another-encoder").encode(tiny, ["a"], progress=False)
     (folder / "manifest.json").write_text(json.dumps(dict(man, version=99)))

@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+from pathlib import Path
 from typing import Optional
 
 import click
 
 from ..data import FORMATS
+from ..errors import MemgasError
+from ..progress import is_quiet
+from ..progress import quiet as quiet_scope
+
+# kept here (not imported) so `memgas --help` does not import torch; a test checks it
+# equals memgas_gpu.retrieve.DEFAULT_METHOD
+DEFAULT_METHOD = "memgas_hybrid"
 
 
 class FiniteFloat(click.ParamType):
@@ -55,6 +64,149 @@ class FiniteFloat(click.ParamType):
 
     def __repr__(self) -> str:
         return f"FiniteFloat({self.describe()})"
+
+
+def info(msg: str) -> None:
+    """A status line on stderr (what is being done, what was written), unless --quiet."""
+    if not is_quiet():
+        click.echo(msg, err=True)
+
+
+def quiet_option(f):
+    """``--quiet/-q``: no progress and no status lines on stderr (results and errors
+    still print); the command runs inside :func:`memgas_gpu.progress.quiet`."""
+    @click.option("--quiet", "-q", "quiet", is_flag=True,
+                  help="No progress or status lines on stderr (by default: a bar on a "
+                       "terminal, a plain line every few seconds in a log).")
+    @functools.wraps(f)
+    def wrapper(*a, quiet=False, **k):
+        with quiet_scope(quiet):
+            return f(*a, **k)
+    return wrapper
+
+
+def check_device(device: Optional[str]) -> Optional[str]:
+    """``--device`` checked before any work: a name torch knows, on a machine that has
+    it (one usage line otherwise); None and ``"auto"`` pass through."""
+    if device is None or device == "auto":
+        return device
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise click.BadParameter(f"{device!r} is not a device; use cpu, cuda or cuda:N",
+                                 param_hint="--device") from None
+    if dev.type == "cpu":
+        return device
+    if dev.type != "cuda":
+        raise click.BadParameter(f"{device!r}: only cpu and cuda devices are supported",
+                                 param_hint="--device")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else \
+            "no CUDA device visible"
+        raise click.BadParameter(f"{device!r}: CUDA is not available on this machine "
+                                 f"({build}); use --device cpu", param_hint="--device")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise click.BadParameter(f"{device!r}: this machine has "
+                                 f"{torch.cuda.device_count()} CUDA device(s)",
+                                 param_hint="--device")
+    return device
+
+
+def check_backend(device: Optional[str] = None) -> None:
+    """``MEMGAS_BACKEND`` checked before any work (one usage line when it is unknown,
+    or ``native`` without the native kernels for ``device``)."""
+    raw = os.environ.get("MEMGAS_BACKEND", "")
+    env = raw.strip().lower() or "auto"
+    from .._native import BACKENDS, native_available
+
+    if env not in BACKENDS:
+        raise click.UsageError(f"MEMGAS_BACKEND={raw!r}: expected one of "
+                               f"{', '.join(BACKENDS)}")
+    if env == "native" and not native_available(device or "cpu"):
+        raise click.UsageError("MEMGAS_BACKEND=native, but the native kernels for "
+                               f"{device or 'cpu'} are not built (docs/native.md); "
+                               "unset it or use MEMGAS_BACKEND=torch")
+
+
+def check_runtime(device: Optional[str]) -> Optional[str]:
+    """:func:`check_device` and :func:`check_backend`: what every computing command
+    checks first."""
+    device = check_device(device)
+    check_backend(None if device in (None, "auto") else device)
+    return device
+
+
+def _writable_folder(path: Path, option: str, shown) -> None:
+    """The nearest existing folder at or above ``path`` accepts new files (a probe
+    file is created and removed: permissions, read-only file systems, and root alike)."""
+    import tempfile
+
+    d = path
+    while not d.exists():
+        if d.parent == d:
+            break
+        d = d.parent
+    if not d.is_dir():
+        raise click.BadParameter(f"{shown}: {d} is not a folder", param_hint=option)
+    try:
+        with tempfile.TemporaryFile(dir=d, prefix=".memgas-probe-"):
+            pass
+    except OSError as e:
+        raise click.BadParameter(f"{shown}: cannot write in {d} "
+                                 f"({e.strerror or e.__class__.__name__})",
+                                 param_hint=option) from None
+
+
+def check_out_file(path, option: str = "--out") -> None:
+    """Refuse, before any work, an output file that could not be written (a folder, a
+    parent that is a file, a folder without write permission): one usage line."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise click.BadParameter(f"{path}: is a folder, expected a file name",
+                                 param_hint=option)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise click.BadParameter(f"{path}: not writable", param_hint=option)
+    _writable_folder(p.parent if str(p.parent) else Path("."), option, path)
+
+
+def check_out_dir(path, option: str = "--out", index: bool = False) -> None:
+    """Refuse, before any work, an output folder that could not be written; with
+    ``index``, also one that saving an index would refuse (a file, a folder that is
+    not an index)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise click.BadParameter(f"{path}: exists and is not a folder", param_hint=option)
+    if index:
+        from ..retrieve.layout import check_target
+
+        try:
+            check_target(p)
+        except (MemgasError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint=option) from None
+    _writable_folder(p, option, path)
+
+
+def clean_queries(queries) -> list:
+    """Command-line texts as valid UTF-8: bytes the shell passed that are not UTF-8
+    (Python keeps them as lone surrogates) become U+FFFD, with one warning line."""
+    out = []
+    for i, q in enumerate(queries, 1):
+        fixed = q.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        try:
+            fixed.encode("utf-8")
+        except UnicodeEncodeError:  # a surrogate that did not come from the shell
+            fixed = fixed.encode("utf-8", "replace").decode("utf-8")
+        if fixed != q:
+            click.echo(f"warning: query {i} is not valid UTF-8; its undecodable bytes "
+                       "were replaced by U+FFFD", err=True)
+        out.append(fixed)
+    return out
 
 
 def _id_list(ctx, param, value):
@@ -114,6 +266,11 @@ def build_options(f):
                   help="'offline' or a MemGAS .jsonl file.")
     @click.option("--store", type=click.Path(file_okay=False), default=None,
                   help="Embedding store folder: resumable, shared across runs.")
+    @click.option("--store-dtype", type=click.Choice(("float32", "float16")), default=None,
+                  help="How --store keeps embeddings: float32 (a build without a store, "
+                       "to float32 rounding) or float16 (half the disk; the rounding can "
+                       "change a few association edges) [default: the store's own, "
+                       "float32 for a new store].")
     @click.option("--m", "m", type=click.IntRange(2), default=30, show_default=True,
                   help="Candidates per node for the GMM association test.")
     @click.option("--skip-sessions", type=click.IntRange(0), default=5, show_default=True,
@@ -129,9 +286,7 @@ def build_options(f):
                   help="With --ray: encoder actors and evaluation tasks.")
     @click.option("--gpus-per-worker", type=FiniteFloat(0), default=0.0,
                   show_default=True, help="With --ray: GPUs per encoder actor (1 = one per GPU).")
-    @click.option("--quiet", "-q", is_flag=True,
-                  help="No progress output (by default: a bar on a terminal, a plain "
-                       "line every few seconds in a log).")
+    @quiet_option
     @functools.wraps(f)
     def wrapper(*a, **k):
         return f(*a, **k)
@@ -151,45 +306,47 @@ def ray_or_exit(address):
 def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
                 summaries, keywords, store, m, skip_sessions, no_concat, device,
                 ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
-                exclude_conversations=None, dataset=None, quiet=False):
+                exclude_conversations=None, dataset=None, store_dtype=None, quiet=False):
     """Load DATA (unless ``dataset`` is already loaded from it) and build a MemoryIndex
-    with the CLI's options; ``quiet`` silences progress and the stderr summary."""
-    from ..progress import quiet as quiet_scope
-
+    with the CLI's options; ``quiet`` (or an enclosing ``--quiet``) silences progress
+    and the stderr summary."""
     with quiet_scope(quiet):
         return _build_index(data, fmt, empty_sessions, user_only, encoder, pooling,
                             max_length, summaries, keywords, store, m, skip_sessions,
                             no_concat, device, ray_address, workers, gpus_per_worker,
-                            conversations, exclude_conversations, dataset, quiet)
+                            conversations, exclude_conversations, dataset, store_dtype)
 
 
 def _build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
                  summaries, keywords, store, m, skip_sessions, no_concat, device,
                  ray_address, workers, gpus_per_worker, conversations,
-                 exclude_conversations, dataset, quiet):
+                 exclude_conversations, dataset, store_dtype):
     from ..encode import EmbeddingStore, Encoder
     from ..retrieve import MemoryIndex
 
-    say = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
     ds = dataset if dataset is not None else load(data, fmt, empty_sessions, user_only,
                                                   conversations, exclude_conversations)
     if ray_address:
+        if store_dtype is not None:
+            raise click.UsageError("--store-dtype does not apply with --ray (the Ray "
+                                   "encoders keep the store's own dtype, float32 for a "
+                                   "new store)")
         ray_or_exit(ray_address)
         from ..distributed import build_index_ray
 
         kwargs = {"model": encoder, "pooling": pooling, "max_length": max_length}
         if device:
             kwargs["device"] = device
-        say(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)")
+        info(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)")
         return build_index_ray(ds, kwargs, num_workers=workers, num_gpus=gpus_per_worker,
                                store_dir=store, summaries=summaries, keywords=keywords, m=m,
                                skip_sessions=skip_sessions, concat=not no_concat,
                                device=device, progress=True)
     enc = Encoder(encoder, pooling=pooling, max_length=max_length, device=device)
-    st = EmbeddingStore(store, enc.fingerprint) if store else None
-    say(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "
-        f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
-        f"on {enc.device}")
+    st = EmbeddingStore(store, enc.fingerprint, dtype=store_dtype) if store else None
+    info(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "
+         f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
+         f"on {enc.device}" + (f" (store {store}, {st.dtype})" if st is not None else ""))
     return MemoryIndex.build(ds, enc, summaries=summaries, keywords=keywords, store=st,
                              m=m, skip_sessions=skip_sessions, concat=not no_concat,
                              device=device, progress=True)

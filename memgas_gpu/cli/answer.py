@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from .._io import atomic_write, nan_to_null
-from ._common import dataset_options, load
+from ._common import check_out_file, dataset_options, info, load, quiet_option
 from .expand import llm_options, make_client, pop_llm_options, report_client
 
 
@@ -24,12 +25,13 @@ def _evaluate(ds, hyps, judge, source, out) -> None:
     click.echo(format_qa_table(report))
     if out:
         with atomic_write(out, "w", encoding="utf-8") as f:
-            json.dump(nan_to_null({"hypotheses": source, "judge": None if judge is None
+            json.dump(nan_to_null({"memgas_gpu": __version__, "hypotheses": source,
+                                   "judge": None if judge is None
                                    else judge.config.describe(), **report,
                                    "verdicts": {it.question_id: it.verdict for it in items}
                                    if judge is not None else {}}), f, indent=2,
                       allow_nan=False)
-        click.echo(f"wrote {out}", err=True)
+        info(f"wrote {out}")
 
 
 @click.command("answer")
@@ -55,6 +57,7 @@ def _evaluate(ds, hyps, judge, source, out) -> None:
               help="QA metrics JSON [default: OUT with suffix .qa.json].")
 @dataset_options
 @llm_options()
+@quiet_option
 def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, judge_model,
            metrics_out, fmt, empty_sessions, user_only, conversations,
            exclude_conversations, **opts) -> None:
@@ -66,12 +69,15 @@ def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, j
     """
     from ..llm import answer_questions, load_retrieval_log, write_hypotheses
 
+    metrics_out = metrics_out or str(Path(out).with_suffix(".qa.json"))
+    check_out_file(out)
+    check_out_file(metrics_out, "--metrics-out")
     llm = pop_llm_options(opts)
     client = make_client(llm)
     ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     log = load_retrieval_log(retrieval)
-    click.echo(f"answering {len(log)} questions from their top-{top_k} sessions with "
-               f"{client.config.model}" + (" (no filter)" if no_filter else ""), err=True)
+    info(f"answering {len(log)} questions from their top-{top_k} sessions with "
+         f"{client.config.model}" + (" (no filter)" if no_filter else ""))
     try:
         records = answer_questions(ds, log, client, top_k=top_k, summaries=summaries,
                                    keywords=keywords, use_filter=not no_filter,
@@ -79,15 +85,14 @@ def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, j
     finally:
         report_client(client)
     write_hypotheses(records, out)
-    click.echo(f"wrote {out}", err=True)
+    info(f"wrote {out}")
     judge_client = None
     if judge:
         judge_client = client if not judge_model else make_client(llm, model=judge_model)
         judge_client.stats = type(client.stats)()  # report the judge's own counts
     hyps = {r["question_id"]: r["hypothesis"] for r in records}
     try:
-        _evaluate(ds, hyps, judge_client, str(out),
-                  metrics_out or str(Path(out).with_suffix(".qa.json")))
+        _evaluate(ds, hyps, judge_client, str(out), metrics_out)
     finally:
         for c in {id(c): c for c in (client, judge_client) if c is not None}.values():
             c.close()
@@ -100,12 +105,14 @@ def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, j
               help="Write the metrics (overall, per type, verdicts) as JSON.")
 @dataset_options
 @llm_options(model_flag="--judge-model", required=False)
+@quiet_option
 def qa_eval(hypotheses, data, out, fmt, empty_sessions, user_only, conversations,
             exclude_conversations, **opts) -> None:
     """Score a hypothesis JSONL against DATA: token F1, EM, BLEU-4, ROUGE-1/2/L, and
     LLM-judge accuracy when --judge-model is given, per question type."""
     from ..llm import load_hypotheses
 
+    check_out_file(out)
     llm = pop_llm_options(opts)
     judge = make_client(llm) if llm["llm_model"] else None
     ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)

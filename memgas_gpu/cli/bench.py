@@ -7,14 +7,18 @@ import time
 
 import click
 
-from ..bench.suite import SCALES, STAGES
-from ._common import FiniteFloat
+from ._common import FiniteFloat, check_out_dir, check_runtime, info, quiet_option
+
+# kept here (not imported) so `memgas --help` does not import torch; a test checks they
+# equal memgas_gpu.bench.suite.SCALES / STAGES
+SCALES = ("tiny", "s", "m")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "gam")
 
 
 @click.command("bench")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md, results.json and the PNG plots.")
-@click.option("--scale", type=click.Choice(list(SCALES)), default="s", show_default=True,
+@click.option("--scale", type=click.Choice(SCALES), default="s", show_default=True,
               help="tiny: smoke test (seconds); s: 2 CPU cores in a few minutes; m: "
                    "LongMemEval-M shape with the full sweeps (sessions 50 -> 5,000, "
                    "haystacks 1 -> 500), meant for one H200.")
@@ -27,19 +31,21 @@ from ._common import FiniteFloat
 @click.option("--budget", "budget_s", type=FiniteFloat(1), default=None,
               help="Wall-clock seconds; sweep points after it are skipped.")
 @click.option("--no-reference", is_flag=True, help="Time only our implementation.")
-@click.option("--quiet", is_flag=True, help="No per-point progress lines.")
-def bench(out, scale, device, stages, threads, budget_s, no_reference, quiet) -> None:
+@quiet_option
+def bench(out, scale, device, stages, threads, budget_s, no_reference) -> None:
     """Benchmark every stage, ours vs the reference way; write report.md, results.json
     and log-log scaling plots to OUT."""
     from ..bench import run_suite, write_report
     from ..bench.report import bandwidth_table, goal_table
 
+    device = check_runtime(device)
+    check_out_dir(out)
     chosen = [s.strip() for s in stages.split(",") if s.strip()]
     bad = sorted(set(chosen) - set(STAGES))
     if bad:
         raise click.BadParameter(f"unknown {bad}; choose from {', '.join(STAGES)}",
                                  param_hint="'--stages'")
-    log = (lambda m: None) if quiet else (lambda m: click.echo(m, err=True))
+    log = info
     t0 = time.perf_counter()
     res = run_suite(scale, device=device, stages=chosen, threads=threads, budget_s=budget_s,
                     reference=not no_reference, log=log)

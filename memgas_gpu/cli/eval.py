@@ -6,10 +6,12 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from .._io import atomic_write, nan_to_null
 from ..gam.presets import GAM_METHODS  # GAM and its ablations (no tensor code imported)
-from ._common import (FiniteFloat, build_index, build_options, dataset_options, load,
-                      parse_ks, parse_settings, ray_or_exit)
+from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_dir,
+                      check_out_file, check_runtime, dataset_options, info, load, parse_ks,
+                      parse_settings, ray_or_exit)
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -20,8 +22,8 @@ KS = (1, 3, 5, 10, 30, 50)
 
 @click.command("eval")
 @click.argument("source", type=click.Path(exists=True))
-@click.option("--method", "methods", multiple=True, default=("memgas",), show_default=True,
-              type=click.Choice(METHODS + GAM_METHODS + ("all",)),
+@click.option("--method", "methods", multiple=True, default=(DEFAULT_METHOD,),
+              show_default=True, type=click.Choice(METHODS + GAM_METHODS + ("all",)),
               help="Retrieval method (repeat for several; 'all' for every session method). "
                    "GAM methods rank utterances (evidence-turn metrics; need DATA).")
 @click.option("--turns", "turn_level", is_flag=True,
@@ -47,8 +49,10 @@ KS = (1, 3, 5, 10, 30, 50)
 @click.option("--k", "ks", default=",".join(map(str, KS)), show_default=True,
               help="Metric cut-offs.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="LongMemEval-style retrieval log (JSONL); METHOD is inserted before the "
-                   "suffix when several methods run. Metrics go to <out>.metrics.json.")
+              help="LongMemEval-style retrieval log (JSONL). One method: written to OUT "
+                   "exactly; several: one log per method, OUT with the method before its "
+                   "suffix (r.jsonl -> r.memgas.jsonl, r.bm25.jsonl). Metrics of all: OUT "
+                   "with its suffix replaced by .metrics.json (r.metrics.json).")
 @click.option("--save-index", type=click.Path(file_okay=False), default=None,
               help="When SOURCE is a dataset: also save the built index here.")
 @dataset_options
@@ -60,6 +64,7 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     from ..retrieve import MemoryIndex, resolve, retrieve
 
     ks = parse_ks(ks)
+    opts["device"] = check_runtime(opts["device"])
     settings = {"temperature": temperature, "alpha": alpha, "damping": damping,
                 "router": router, "signals": signals}
     settings = {**parse_settings(set_specs),
@@ -72,6 +77,12 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     if (gam_methods or turn_level) and is_index:
         raise click.BadParameter("GAM methods and --turns need DATA (a dataset file), not an "
                                  "index folder", param_hint="SOURCE")
+    several = len(methods) + len(gam_methods) > 1
+    for m in (gam_methods + list(dict.fromkeys(methods))) if out else ():
+        check_out_file(log_path(out, m, several))
+    check_out_file(metrics_path(out) if out else None)
+    if save_index and not is_index:
+        check_out_dir(save_index, "--save-index", index=True)
     dataset = None
     if not is_index:
         dataset = load(source, opts["fmt"], opts["empty_sessions"], opts["user_only"],
@@ -80,10 +91,9 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     gam = _gam(dataset, gam_methods, turn_level, segmentation, opts) if (
         gam_methods or turn_level) else None
     for m in gam_methods:
-        results[m], used[m] = _gam_method(gam, m, segmentation, dataset, opts, out,
-                                          len(gam_methods) + len(methods) > 1)
+        results[m], used[m] = _gam_method(gam, m, segmentation, dataset, opts, out, several)
     if not methods:
-        return _write_metrics(out, source, used, ks, results)
+        return _write_metrics(out, source, used, ks, results, gam.encoder.describe())
     if is_index:
         idx = MemoryIndex.load(src)
     else:
@@ -107,7 +117,7 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
         results[method] = ev.summary
         used[method] = r.params
         click.echo(f"\n== {method} ({len(r.question_index)} questions)")
-        click.echo(f"   {_settings(r.params)}")
+        click.echo(f"   {settings_line(method, r.params)}")
         click.echo(format_table(ev, ks=[k for k in (1, 3, 5, 10) if k in ks] or ks[:3]))
         per_turn = None
         if turn_level:
@@ -119,22 +129,35 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
             results[method]["turn"] = evaluate_turns(tr.rankings, tr.turn_ids, gold)
             click.echo(_turn_line(results[method]["turn"]))
         if out:
-            path = Path(out)
-            if len(methods) + len(gam_methods) > 1:
-                path = path.with_name(f"{path.stem}.{method}{path.suffix or '.jsonl'}")
+            path = log_path(out, method, several)
             write_logs(ev, path, turn_metrics=per_turn)
-            click.echo(f"wrote {path}", err=True)
-    _write_metrics(out, source, used, ks, results)
+            info(f"wrote {path}")
+    _write_metrics(out, source, used, ks, results, idx.config.get("encoder"))
 
 
-def _write_metrics(out, source, used, ks, results) -> None:
+def log_path(out, method: str, several: bool) -> Path:
+    """Where ``--out`` puts a method's retrieval log: OUT itself for one method, else OUT
+    with ``.METHOD`` before its suffix (``r.jsonl`` → ``r.memgas.jsonl``)."""
+    path = Path(out)
+    if not several:
+        return path
+    return path.with_name(f"{path.stem}.{method}{path.suffix or '.jsonl'}")
+
+
+def metrics_path(out) -> Path:
+    """Where ``--out`` puts the metrics: its suffix replaced (``r.jsonl`` → ``r.metrics.json``)."""
+    return Path(out).with_suffix(".metrics.json")
+
+
+def _write_metrics(out, source, used, ks, results, encoder) -> None:
     if out:
-        mpath = Path(out).with_suffix(".metrics.json")
+        mpath = metrics_path(out)
         with atomic_write(mpath, "w", encoding="utf-8") as f:
-            json.dump(nan_to_null({"source": str(source), "params": used, "ks": list(ks),
+            json.dump(nan_to_null({"memgas_gpu": __version__, "source": str(source),
+                                   "encoder": encoder, "params": used, "ks": list(ks),
                                    "methods": results}), f, indent=1, allow_nan=False,
                       default=str)
-        click.echo(f"wrote {mpath}", err=True)
+        info(f"wrote {mpath}")
 
 
 def _gam(dataset, gam_methods, turn_level, segmentation, opts):
@@ -150,8 +173,10 @@ def _gam(dataset, gam_methods, turn_level, segmentation, opts):
         raise click.BadParameter(str(e), param_hint="--segmentation") from None
     enc = Encoder(opts.get("encoder"), pooling=opts.get("pooling", "mean"),
                   max_length=opts.get("max_length"), device=opts.get("device"))
-    st = EmbeddingStore(opts["store"], enc.fingerprint) if opts.get("store") else None
-    click.echo(f"building GAM memory of {len(dataset)} conversations", err=True)
+    st = EmbeddingStore(opts["store"], enc.fingerprint, dtype=opts.get("store_dtype")) \
+        if opts.get("store") else None
+    info(f"building GAM memory of {len(dataset)} conversations with {enc.name} on "
+         f"{enc.device}")
     return GamIndex.build(dataset, enc, GamParams(segmentation=segmentation), store=st)
 
 
@@ -170,12 +195,10 @@ def _gam_method(gam, method, segmentation, dataset, opts, out, several):
     click.echo(f"\n== {method} ({len(tr.question_index)} questions; utterance-level)")
     click.echo(_turn_line(res["turn"]))
     if out:
-        path = Path(out)
-        if several:
-            path = path.with_name(f"{path.stem}.{method}{path.suffix or '.jsonl'}")
+        path = log_path(out, method, several)
         per = turn_metrics(tr.rankings, tr.turn_ids, gold)
         _write_turn_logs(idx, tr, per, path)
-        click.echo(f"wrote {path}", err=True)
+        info(f"wrote {path}")
     return res, {k: v for k, v in vars(p).items() if not k.startswith("_")}
 
 
@@ -204,12 +227,24 @@ def _write_turn_logs(idx, tr, per: dict, path) -> None:
             f.write(json.dumps(rec, ensure_ascii=False, allow_nan=False, default=str) + "\n")
 
 
-def _settings(params: dict) -> str:
-    """One line of the settings a method ran with (and why, for auto signals)."""
-    keys = ("signals", "norm", "router", "temperature", "fusion", "alpha", "damping", "graph")
-    line = ", ".join(f"{k}={params[k]}" for k in keys if k in params)
+def settings_line(method: str, params: dict) -> str:
+    """One line of the settings a method ran with: every setting that differs from the
+    paper's defaults (MemGAS, ``ReadParams()``); then those that differ from the
+    method's own preset (``--set`` and the options), and why, when ``signals="auto"``
+    chose the signals or the speaker cue was switched off."""
+    from ..retrieve import PRESETS, ReadParams
+
+    paper = ReadParams().describe()
+    preset = PRESETS[method].describe() if method in PRESETS else paper
+    diff = [f"{k}={params[k]}" for k in paper if k in params and params[k] != paper[k]]
+    line = "settings: " + (", ".join(diff) if diff else "the paper's defaults")
+    changed = [f"{k} {preset[k]} -> {params[k]}" for k in paper if k in params and
+               params[k] != preset[k] and not (k == "signals" and preset[k] == "auto")]
+    if changed:
+        line += f"; changed from the {method} preset: " + ", ".join(changed)
     rule = params.get("signals_rule") or {}
-    notes = [f"signals=auto: {rule['reason']}"] if "reason" in rule else []
+    if "reason" in rule:
+        line += f"; signals=auto: {rule['reason']}"
     if "speaker_gamma" in rule:
-        notes.append(f"speaker cue {rule['speaker_gamma']}")
-    return "; ".join([line] + notes)
+        line += f"; speaker cue {rule['speaker_gamma']}"
+    return line

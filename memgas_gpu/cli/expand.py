@@ -9,7 +9,7 @@ import os
 
 import click
 
-from ._common import FiniteFloat, dataset_options, load
+from ._common import FiniteFloat, check_out_file, dataset_options, info, load, quiet_option
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -79,9 +79,9 @@ def report_client(client) -> None:
     """One stderr line of request, cache and token counts."""
     s = client.stats
     rate = s.responses / s.seconds if s.seconds else 0.0
-    click.echo(f"llm {client.config.model}: {s.responses} responses ({rate:.1f}/s), "
-               f"{s.cache_hits} cache hits, {s.retries} retries, tokens in/out "
-               f"{s.prompt_tokens}/{s.completion_tokens}", err=True)
+    info(f"llm {client.config.model}: {s.responses} responses ({rate:.1f}/s), "
+         f"{s.cache_hits} cache hits, {s.retries} retries, tokens in/out "
+         f"{s.prompt_tokens}/{s.completion_tokens}")
 
 
 @click.command("expand")
@@ -95,6 +95,7 @@ def report_client(client) -> None:
               help="Prompt wording: user-user for LoCoMo, user-AI assistant otherwise.")
 @dataset_options
 @llm_options()
+@quiet_option
 def expand(data, out, dialogue, fmt, empty_sessions, user_only, conversations,
            exclude_conversations, **opts) -> None:
     """Summarize and extract keywords of every distinct session of DATA with an LLM.
@@ -102,15 +103,17 @@ def expand(data, out, dialogue, fmt, empty_sessions, user_only, conversations,
     The files feed `memgas index --summaries FILE --keywords FILE`. Responses are
     cached: a killed run resumes, a rerun sends nothing.
     """
-    from ..llm import LLMSource, dialogue_style, write_expansion_files
+    from ..llm import LLMSource, dialogue_style, expansion_paths, write_expansion_files
 
+    for path in expansion_paths(out):
+        check_out_file(path)
     llm = pop_llm_options(opts)
     client = make_client(llm)
     ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     style = dialogue_style(ds) if dialogue == "auto" else dialogue
     n = len(ds.distinct_sessions())
-    click.echo(f"expanding {n} distinct sessions of {len(ds)} conversations "
-               f"({style} prompts) with {client.config.model}", err=True)
+    info(f"expanding {n} distinct sessions of {len(ds)} conversations "
+         f"({style} prompts) with {client.config.model}")
     try:
         paths = write_expansion_files(ds, LLMSource(client, style), out)
     finally:

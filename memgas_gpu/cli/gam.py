@@ -6,10 +6,12 @@ import json
 
 import click
 
+from .. import __version__
 from .._io import atomic_write
 from ..gam.params import SEGMENTATIONS  # these two modules import no tensor code
 from ..gam.presets import METHODS
-from ._common import FiniteFloat, dataset_options, load
+from ._common import (FiniteFloat, check_out_file, check_runtime, dataset_options, info, load,
+                      quiet_option)
 
 
 @click.command("gam")
@@ -33,8 +35,9 @@ from ._common import FiniteFloat, dataset_options, load
               help="Embedding store folder (encode each text once, across runs).")
 @click.option("--device", default=None, help="cpu, cuda … [default: auto].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Write the metrics (JSON: method → metrics.turn) here.")
+              help="Write the metrics (JSON: method → metrics.turn, as fractions) here.")
 @dataset_options
+@quiet_option
 def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, encoder, store,
         device, out, fmt, empty_sessions, user_only, conversations, exclude_conversations):
     """Build GAM memory of DATA and print evidence-turn recall per method."""
@@ -47,10 +50,13 @@ def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, enc
         parse_segmentation(segmentation)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--segmentation") from None
+    device = check_runtime(device)
+    check_out_file(out)
     methods = METHODS if "all" in methods else tuple(dict.fromkeys(methods))
     ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)
     enc = Encoder(encoder, device=device)
     st = EmbeddingStore(store, enc.fingerprint) if store else None
+    info(f"building GAM memory of {len(ds)} conversations with {enc.name} on {enc.device}")
     ev = build_events(ds, enc, store=st, progress=True)
     kw = {"segmentation": segmentation, "noise": noise, "noise_seed": seed,
           "summaries": summaries}
@@ -61,6 +67,7 @@ def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, enc
     base = GamParams(**kw)
     built: dict = {}
     results = {}
+    click.echo("evidence-turn recall per method, in % (as memgas eval):")
     for m in methods:
         p = preset(m, base)
         key = (p.segmentation,)
@@ -72,10 +79,12 @@ def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, enc
         res = evaluate_turns(tr.rankings, tr.turn_ids, gold)
         results[m] = {"metrics": {"turn": res}, "topics": len(idx.topics),
                       "edges": int(idx.topics.src.numel())}
-        shown = " ".join(f"{k}={v:.4f}" for k, v in res.items()
+        shown = " ".join(f"{k}={100 * v:.2f}" for k, v in res.items()
                          if k.startswith("recall") and k.endswith(("@5", "@10", "@20")))
         click.echo(f"{m:12s} topics={len(idx.topics):5d} n={res['n']} {shown}")
     if out:
         with atomic_write(out) as f:
-            json.dump({"data": str(data), "params": {**base.__dict__}, "results": results},
-                      f, indent=1, default=str)
+            json.dump({"memgas_gpu": __version__, "data": str(data),
+                       "encoder": enc.describe(), "params": {**base.__dict__},
+                       "results": results}, f, indent=1, default=str)
+        info(f"wrote {out}")

@@ -3,17 +3,21 @@ from __future__ import annotations
 
 import click
 
-from ._common import build_index, build_options, dataset_options
+from ._common import build_index, build_options, check_out_dir, check_runtime, dataset_options
 
 
 @click.command("index")
 @click.argument("data", type=click.Path(exists=True))
 @click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Index folder to write (replaced atomically).")
+              help="Index folder to write (replaced atomically; checked before any work).")
 @dataset_options
 @build_options
 def index(data, out, **opts) -> None:
     """Expand, encode and link every conversation of DATA; save the index to OUT."""
+    opts["device"] = check_runtime(opts["device"])
+    check_out_dir(out, index=True)
+    if opts["store"]:
+        check_out_dir(opts["store"], "--store")
     idx = build_index(data, **opts)
     idx.save(out)
     t = idx.config.get("timings", {})

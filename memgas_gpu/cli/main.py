@@ -1,6 +1,7 @@
 """``memgas`` command group; subcommands are registered at the bottom."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -9,14 +10,44 @@ from .. import __version__
 from ..errors import MemgasError
 
 
+def _one_line(e) -> str:
+    if isinstance(e, str):
+        text = e
+    elif isinstance(e, OSError) and e.strerror:  # "[Errno 27] File too large: 'x'" → plain
+        where = e.filename if e.filename is not None else ""
+        text = f"{where}: {e.strerror}" if where else e.strerror
+    else:
+        text = str(e) or type(e).__name__
+    return "error: " + " ".join(text.split())  # always one line
+
+
+def _write_errors() -> tuple:
+    """What failing to write an output raises: OSError (permissions, a full disk, a
+    file-size limit) and safetensors' own error for the same causes."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        return (OSError,)
+    return (OSError, SafetensorError)
+
+
 class _Group(click.Group):
-    """Report library errors as one line and exit 2 (bad input), no traceback."""
+    """Report library errors, and outputs that cannot be written, as one line on stderr
+    with exit status 2; no traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # bad arguments: one line too, naming the command
+            where = e.ctx.command_path if e.ctx is not None else "memgas"
+            click.echo(_one_line(f"{where}: {e.format_message()} (see {where} --help)"),
+                       err=True)
+            sys.exit(2)
         except MemgasError as e:
-            click.echo("error: " + " ".join(str(e).split()), err=True)  # always one line
+            click.echo(_one_line(e), err=True)
+            sys.exit(2)
+        except _write_errors() as e:
+            click.echo(_one_line(e), err=True)
             sys.exit(2)
 
 
@@ -27,7 +58,21 @@ def cli() -> None:
 
 
 def main() -> None:  # console-script entry point
+    _reserve_stderr()
     cli(prog_name="memgas")
+
+
+def _reserve_stderr() -> None:
+    """Started with stderr closed (``2>&-``): point descriptor 2 at the null device, so
+    that no file the command opens later gets descriptor 2 (and with it stray writes
+    meant for stderr); Python itself then has no ``sys.stderr``, and progress stays off."""
+    try:
+        os.fstat(2)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 2:
+            os.dup2(fd, 2)
+            os.close(fd)
 
 
 # --- subcommands (one module each) -------------------------------------------------

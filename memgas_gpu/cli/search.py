@@ -5,7 +5,8 @@ import json
 
 import click
 
-from ._common import parse_settings
+from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, parse_settings,
+                      quiet_option)
 from .eval import METHODS
 
 
@@ -13,10 +14,10 @@ from .eval import METHODS
 @click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("queries", nargs=-1, required=True)
 @click.option("--conversation", "conversation", required=True,
-              help="Conversation id to search (see `memgas stats`).")
+              help="Conversation id to search (`memgas stats IDX` lists them).")
 @click.option("--k", type=click.IntRange(1), default=5, show_default=True,
               help="Sessions returned per question.")
-@click.option("--method", type=click.Choice(METHODS), default="memgas_hybrid",
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD,
               show_default=True, help="Retrieval method.")
 @click.option("--evidence", type=click.IntRange(0), default=2, show_default=True,
               help="Best-matching turns shown per session.")
@@ -26,19 +27,24 @@ from .eval import METHODS
               help="When the questions are asked (anchors 'last week' for the time cue).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per question.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda if available).")
+@quiet_option
 def search(index_dir, queries, conversation, k, method, evidence, set_specs, question_date,
            as_json, device) -> None:
     """Rank the sessions of one conversation for new QUERIES (encoded with the index's
     own encoder)."""
     from ..retrieve import MemoryIndex
 
+    device = check_runtime(device)
+    settings = parse_settings(set_specs)
+    queries = clean_queries(queries)
     idx = MemoryIndex.load(index_dir)
     if conversation not in {c.id for c in idx.conversations}:
-        raise click.BadParameter(f"no conversation {conversation!r} in {index_dir}",
-                                 param_hint="--conversation")
+        ids = [c.id for c in idx.conversations]
+        shown = ", ".join(ids[:8]) + (", …" if len(ids) > 8 else "")
+        raise click.BadParameter(f"no conversation {conversation!r} in {index_dir} (it has "
+                                 f"{len(ids)}: {shown})", param_hint="--conversation")
     results = idx.search(conversation, list(queries), k=k, method=method, evidence=evidence,
-                         device=device, question_date=question_date,
-                         **parse_settings(set_specs))
+                         device=device, question_date=question_date, **settings)
     for q, r in zip(queries, results):
         if as_json:
             click.echo(json.dumps({"query": q, **r.to_dict()}, ensure_ascii=False,

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from .._io import atomic_write, nan_to_null
-from ._common import FiniteFloat, build_index, build_options, dataset_options, load, parse_ks
+from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_file,
+                      check_runtime, dataset_options, info, load, parse_ks)
 
 #: accepted ranges of the numeric grid keys (NaN and inf are refused for all)
 _GRID_RANGES = {"temperature": FiniteFloat(0, min_open=True), "damping": FiniteFloat(0, 1),
@@ -102,7 +104,7 @@ def format_ranked(rows: list, ks, top: int) -> str:
                    "damping, fusion, graph, k1, b, bm25_method, stopwords, time_beta, speaker_gamma. "
                    "Signal sets are "
                    "'+'-joined names or all|lexical|dense|default|extractive, separated by ';'.")
-@click.option("--method", default="memgas_hybrid", show_default=True,
+@click.option("--method", default=DEFAULT_METHOD, show_default=True,
               help="The preset whose settings the grid varies.")
 @click.option("--k", "ks", default="3,5,10", show_default=True, help="recall_all cut-offs.")
 @click.option("--rank-by", default=None, help="Metric to rank by [default: recall_all@<first k>].")
@@ -120,6 +122,9 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
     """Evaluate a grid of read-path settings on all questions at once."""
     from ..eval.sweep import gains, leave_one_out, rank, run_sweep
     ks = parse_ks(ks)
+    opts["device"] = check_runtime(opts["device"])
+    for suffix in (".csv", ".json") if out else ():
+        check_out_file(Path(out).with_suffix(suffix))
     grid = parse_grid(grid_specs)
     by = rank_by or f"recall_all@{ks[0]}"
     if by not in {f"recall_all@{k}" for k in ks}:
@@ -169,7 +174,8 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
         base = Path(out)
         with atomic_write(base.with_suffix(".csv"), "w", encoding="utf-8", newline="") as f:
             f.write(buf.getvalue())
-        doc = {"source": str(source), "grid": {k: ["+".join(v) if isinstance(v, tuple)
+        doc = {"memgas_gpu": __version__, "source": str(source),
+               "encoder": (idx.config or {}).get("encoder"), "grid": {k: ["+".join(v) if isinstance(v, tuple)
                                                   else v for v in vals]
                                               for k, vals in grid.items()},
                "rank_by": by, "rows": rows, "leave_one_out": loo,
@@ -177,4 +183,4 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
                                    "gain"), x)) for x in g]}
         with atomic_write(base.with_suffix(".json"), "w", encoding="utf-8") as f:
             json.dump(nan_to_null(doc), f, indent=1, allow_nan=False)  # no value: null
-        click.echo(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}", err=True)
+        info(f"wrote {base.with_suffix('.csv')} and {base.with_suffix('.json')}")

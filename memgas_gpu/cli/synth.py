@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from ._common import FiniteFloat
+from ._common import FiniteFloat, check_out_file, quiet_option
 from ..synth import (
     DEFAULT_ABSTENTION_RATE,
     DEFAULT_DISTRACTOR_RATE,
@@ -56,7 +56,8 @@ def _preset_help() -> str:
 @click.option("--distractor-rate", type=FiniteFloat(0, 1), default=DEFAULT_DISTRACTOR_RATE,
               show_default=True, help="Fraction of pool sessions with an unrelated fact.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Progress bar on stderr.")
+              help="Progress on stderr (--no-progress: as --quiet).")
+@quiet_option
 def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int],
           turns: Optional[int], words: Optional[int], pool: Optional[int],
           distinct_sessions: Optional[str], seed: int, abstention_rate: float,
@@ -67,6 +68,7 @@ def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int
     500 sessions, ~1M tokens per haystack, ~2.5 GB); its 250,000 session slots reuse
     about 1,800 distinct sessions unless --distinct-sessions says otherwise.
     """
+    check_out_file(out)
     distinct = _distinct(distinct_sessions)
     preset = SCALES[scale]
     shape = {
@@ -82,6 +84,7 @@ def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int
         raise click.BadParameter(e.message, param_hint=f"'{_OPTION[e.param]}'") from None
     summary = write_synthetic(out, **shape, pool=pool, seed=seed,
                               abstention_rate=abstention_rate,
-                              distractor_rate=distractor_rate, progress=progress,
+                              distractor_rate=distractor_rate,
+                              progress=None if progress else False,
                               distinct_sessions=distinct)
     click.echo(summary.line())

@@ -13,11 +13,15 @@ once per distinct key.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
-__all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages", "first_lengths"]
+__all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages", "first_lengths",
+           "render_message"]
 
 
 def pair_messages(messages: Sequence[str]) -> tuple[str, ...]:
@@ -34,6 +38,35 @@ def first_lengths(messages: Sequence[str]) -> tuple[int, ...]:
     """Length of each turn's first message (see :attr:`Session.messages`): what it takes,
     beside the turns, to recover the messages (a message may itself contain newlines)."""
     return tuple(len(messages[i]) for i in range(0, len(messages), 2))
+
+
+#: a rendered message: ``[role]: content`` (role without ``]`` or a newline)
+_RENDERED = re.compile(r"\[[^\]\n]+\]: ", re.S)
+
+
+def render_message(message: Union[Mapping, str], where: str = "message") -> str:
+    """One message as the loaders render it: ``{"role": r, "content": c}`` →
+    ``"[r]: c"``; a string already in that form is returned as it is.
+
+    Raises:
+        TypeError / ValueError: naming ``where`` and what is wrong.
+    """
+    if isinstance(message, str):
+        if not _RENDERED.match(message):
+            raise ValueError(f"{where}: a string message must look like '[role]: content', "
+                             f"got {message[:40]!r}")
+        return message
+    if not isinstance(message, Mapping):
+        raise TypeError(f"{where}: expected a {{'role', 'content'}} dict or a "
+                        f"'[role]: content' string, got {type(message).__name__}")
+    for key in ("role", "content"):
+        if not isinstance(message.get(key), str):
+            got = "missing" if key not in message else type(message[key]).__name__
+            raise TypeError(f"{where}: {key!r} must be a string ({got})")
+    role = message["role"]
+    if not role.strip() or "]" in role or "\n" in role:
+        raise ValueError(f"{where}: role {role!r} must be non-empty, without ']' or a newline")
+    return f"[{role}]: {message['content']}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +101,40 @@ class Session:
             if n < len(t):
                 out.append(t[n + 1:])
         return tuple(out)
+
+    @classmethod
+    def from_messages(cls, id: str, date: Union[str, _dt.date],
+                      messages: Iterable[Union[Mapping, str]]) -> "Session":
+        """A session from chat messages, rendered and paired exactly as the loaders do.
+
+        Args:
+            id: session id (unique within its conversation).
+            date: when the session took place: a string (any format python-dateutil
+                reads, e.g. ``"2024-05-01"`` or LoCoMo's ``"1:56 pm on 8 May, 2023"``;
+                ``""`` for none) or a ``datetime.date`` / ``datetime.datetime``.
+            messages: in order; each a ``{"role": ..., "content": ...}`` dict (what chat
+                APIs and mem0 take; other keys are ignored) or a string already
+                rendered ``"[role]: content"`` (what :attr:`messages` returns).
+
+        Raises:
+            TypeError / ValueError: one line naming the bad argument or message; no
+            message at all is an error too (an empty session has nothing to find).
+        """
+        if not isinstance(id, str) or not id:
+            raise TypeError(f"session id must be a non-empty string, got {id!r}")
+        if isinstance(date, _dt.date):
+            date = date.isoformat()
+        if not isinstance(date, str):
+            raise TypeError(f"session {id!r}: date must be a string or a datetime.date, got "
+                            f"{type(date).__name__}")
+        if isinstance(messages, (str, bytes, Mapping)):
+            raise TypeError(f"session {id!r}: messages must be a list of messages, got "
+                            f"{type(messages).__name__}")
+        rendered = [render_message(m, f"session {id!r}: message {i}")
+                    for i, m in enumerate(messages)]
+        if not rendered:
+            raise ValueError(f"session {id!r}: no messages")
+        return cls(id, date, pair_messages(rendered), first_lengths(rendered))
 
     @property
     def text(self) -> str:
@@ -105,8 +172,9 @@ class Question:
         evidence_turn_ids: the gold messages as ``"session_id:message_index"`` (0-based
             index into :attr:`Session.messages`; LoCoMo ``D3:5`` → ``"session_3:4"``,
             LongMemEval messages flagged ``has_answer``); may be empty.
-        is_abstention: True for abstention/adversarial questions, which are
-            excluded from retrieval metrics.
+        is_abstention: True for LongMemEval's abstention questions (``*_abs``), which
+            have no gold session and are left out of the retrieval metrics. LoCoMo's
+            adversarial questions (category 5) have gold sessions and are counted.
     """
 
     id: str

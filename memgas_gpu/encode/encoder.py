@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from ..progress import Progress, is_enabled
 from .batching import TextTokenizer, Tokenized, pad_rows, plan_batches
 
-__all__ = ["Encoder", "bundled_model_path", "hf_progress_bars", "normalize_auto"]
+__all__ = ["Encoder", "BUNDLED_MODEL", "bundled_model_path", "hf_progress_bars",
+           "normalize_auto"]
 
 #: Default padded-token budget per batch.
 CPU_TOKEN_BUDGET = 8192
@@ -41,6 +42,10 @@ _IDENTITY_FILES = (
     "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
 )
 _ST_ALIASES = {"show_progress_bar", "convert_to_numpy", "convert_to_tensor"}
+
+
+#: the Hugging Face id of the bundled model (it is recorded under this name)
+BUNDLED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def bundled_model_path() -> str:
@@ -210,10 +215,22 @@ class Encoder:
         """Embedding dimension (the model's ``hidden_size``)."""
         return int(self.model.config.hidden_size)
 
+    @property
+    def name(self) -> str:
+        """What the encoder is, for people: the Hugging Face id it was loaded by, the
+        bundled model's id (``"sentence-transformers/all-MiniLM-L6-v2 (bundled)"``), or
+        the local folder it was loaded from."""
+        if self._local and os.path.normpath(self.source) == \
+                os.path.normpath(bundled_model_path()):
+            return f"{BUNDLED_MODEL} (bundled)"
+        return os.path.normpath(self.source) if self._local else self.source
+
     def describe(self) -> dict:
-        """The settings that determine the embeddings (recorded in store manifests)."""
+        """The settings that determine the embeddings (recorded in store manifests, index
+        manifests and metrics files); ``model`` is :attr:`name` (the fingerprint hashes
+        the model's files instead)."""
         return {
-            "model": os.path.basename(os.path.normpath(self.source)) if self._local else self.source,
+            "model": self.name,
             "pooling": self.pooling,
             "normalize": self.normalize,
             "max_length": self.max_length,

@@ -50,12 +50,15 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock, the manifest is still re-read
     fcntl = None
 
-__all__ = ["EmbeddingStore", "StoreError", "text_key", "FORMAT", "VERSION"]
+__all__ = ["EmbeddingStore", "StoreError", "text_key", "FORMAT", "VERSION", "DEFAULT_DTYPE"]
 
 FORMAT = "memgas-embedding-store"
 VERSION = 1
 LOCK_FILE = "writer.lock"
 _NP = {"float16": np.float16, "float32": np.float32}
+#: on-disk dtype of a new store: float32 keeps the embeddings those of a build without a
+#: store (to float32 rounding), and so its association graph
+DEFAULT_DTYPE = "float32"
 _ST = {"F16": np.float16, "F32": np.float32}
 
 
@@ -85,6 +88,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _stored_dtype(path: Path) -> Optional[str]:
+    """The ``dtype`` a store manifest records (None: no manifest, or none readable; the
+    full check comes when the store opens it)."""
+    try:
+        dtype = json.loads(path.read_text(encoding="utf-8")).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dtype if dtype in _NP else None
+
+
 def _read_shard(path: Path) -> tuple[np.memmap, list[str]]:
     """Memory-map a shard's ``embeddings`` and read its keys (safetensors layout)."""
     with open(path, "rb") as f:
@@ -110,8 +123,11 @@ class EmbeddingStore:
         fingerprint: the embedding function's identity (``Encoder.fingerprint``).
             Opening a folder written under another fingerprint raises
             :class:`StoreError`.
-        dtype: on-disk dtype, ``"float16"`` (default) or ``"float32"``. Reads
-            return float32 either way.
+        dtype: on-disk dtype, ``"float32"`` or ``"float16"`` (half the disk, but the
+            rounding changes the embeddings a build reads back, and so may change a
+            few association edges: README, "Native kernels and scale-out").  ``None``
+            (default): the dtype of the store already in ``dir``, else ``"float32"``.
+            Reads return float32 either way.
         shard_size: minimum rows per shard; a shard ends at the first batch
             boundary at or after it (default 8192).
 
@@ -121,13 +137,15 @@ class EmbeddingStore:
         n_encoded: texts actually encoded by that call (distinct and not stored).
     """
 
-    def __init__(self, dir: Union[str, os.PathLike], fingerprint: str, dtype: str = "float16",
-                 shard_size: int = 8192) -> None:
-        if dtype not in _NP:
-            raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
+    def __init__(self, dir: Union[str, os.PathLike], fingerprint: str,
+                 dtype: Optional[str] = None, shard_size: int = 8192) -> None:
+        if dtype is not None and dtype not in _NP:
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.dir = Path(dir)
+        if dtype is None:
+            dtype = _stored_dtype(self.dir / "manifest.json") or DEFAULT_DTYPE
         self.fingerprint = str(fingerprint)
         self.dtype = dtype
         self.shard_size = int(shard_size)

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 from urllib.parse import urlsplit
 
-from tqdm.auto import tqdm
-
+from ..progress import Progress
 from .cache import CachedResponse, ResponseCache, request_key
 from .config import LLMConfig, LLMError, public_url, redact, url_secrets
 
@@ -139,7 +138,8 @@ class ChatClient:
     Args:
         config: the endpoint (see :class:`~memgas_gpu.llm.config.LLMConfig`).
         cache: a :class:`ResponseCache`, a path to one, or None for no cache.
-        progress: show a tqdm progress bar (stderr).
+        progress: report progress on stderr (a bar on a terminal, plain lines in a log:
+            :mod:`memgas_gpu.progress`; ``--quiet`` silences it); False: none.
 
     Example:
         >>> client = ChatClient(LLMConfig.from_env(model="gpt-4o-mini"), cache="llm.sqlite")
@@ -206,9 +206,9 @@ class ChatClient:
                 self.stats.cache_hits += 1
             else:
                 todo[k] = [i]
-        bar = tqdm(total=len(requests), initial=len(requests) - sum(map(len, todo.values())),
-                   desc=desc, unit="req", disable=not self.progress or not requests,
-                   dynamic_ncols=True, leave=False)
+        bar = Progress(len(requests), desc, unit="request", leave=False,
+                       enabled=None if self.progress and requests else False,
+                       initial=len(requests) - sum(map(len, todo.values())))
         self._bar_postfix(bar)
         if not todo:
             bar.close()
@@ -244,8 +244,8 @@ class ChatClient:
 
     def _bar_postfix(self, bar) -> None:
         s = self.stats
-        bar.set_postfix_str(f"hits={s.cache_hits} tok_in={s.prompt_tokens} "
-                            f"tok_out={s.completion_tokens} retries={s.retries}", refresh=False)
+        bar.set_postfix(f"hits={s.cache_hits} tok_in={s.prompt_tokens} "
+                        f"tok_out={s.completion_tokens} retries={s.retries}")
 
     # --- one request ----------------------------------------------------------------
     async def _one(self, http, sem: asyncio.Semaphore, key: str,

@@ -176,8 +176,8 @@ PRESETS: dict[str, ReadParams] = {
                                 fusion="sum", speaker_gamma=1.0, time_beta=2.0),
 }
 METHODS = tuple(PRESETS)
-#: the method of ``retrieve``, ``search``, ``MemoryIndex.search`` and the CLI when none
-#: is named
+#: the method used when none is named (``memgas eval``, ``memgas search``, ``retrieve``,
+#: ``MemoryIndex.search``): the best of :data:`METHODS` on LoCoMo dev (README, "Methods")
 DEFAULT_METHOD = "memgas_hybrid"
 _FIELDS = {f.name for f in fields(ReadParams)}
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from .._io import atomic_write, find_surrogate
 from .checks import IndexFormatError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "write_index_dir", "read_index_dir"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "write_index_dir", "read_index_dir", "check_target"]
 
 FORMAT_NAME = "memgas_gpu.index"
 #: 2: versioned subfolders behind a pointer manifest; 1: one folder (still read)
@@ -232,3 +232,9 @@ def read_index_dir(path: Path) -> tuple[Path, dict, dict]:
                 raise IndexFormatError(f"{missing}: missing: the index folder is "
                                        "incomplete") from None
     return mf, m, t
+
+
+def check_target(path) -> None:
+    """Raise :class:`IndexFormatError` if :func:`write_index_dir` would refuse ``path``
+    (a file, or a folder that is not an index): callers check before a long build."""
+    _check_target(Path(path))

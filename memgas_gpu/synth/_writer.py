@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ from typing import Optional, Union
 
 from .._io import atomic_write
 from ..errors import MemgasError
+from ..progress import Progress
 from ._facts import QUESTION_TYPES, evidence_count, make_fact
 from ._text import Grammar
 from ._vocab import TOPIC_NAMES
@@ -150,8 +150,7 @@ def _render_pool(grammar: Grammar, seed: int, pool: int, turns: int, words: int,
     for _ in range(pool):
         ids.append(_dumps(f"pool_{_hex_id(rng, used)}"))
         bodies.append(_filler(grammar, rng, turns, words, distractor_rate))
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
     return ids, bodies
 
 
@@ -235,7 +234,7 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
                     words: int = SCALES["s"]["words"], pool: Optional[int] = None, seed: int = 0,
                     abstention_rate: float = DEFAULT_ABSTENTION_RATE,
                     distractor_rate: float = DEFAULT_DISTRACTOR_RATE,
-                    progress: bool = True,
+                    progress: Optional[bool] = True,
                     distinct_sessions: Union[int, str, None] = None) -> SynthSummary:
     """Write a synthetic LongMemEval-format JSON file, streaming, atomically.
 
@@ -252,7 +251,9 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
             (rounded to a whole count, chosen at random).
         distractor_rate: fraction of pool sessions that mention an unrelated fact
             of the same kinds as the planted ones (not flagged ``has_answer``).
-        progress: show a tqdm progress bar on stderr.
+        progress: report progress on stderr (a bar on a terminal, plain lines in a
+            log: :mod:`memgas_gpu.progress`); ``None`` follows the enclosing
+            :func:`memgas_gpu.progress.defaults`, False: none.
         distinct_sessions: how many distinct filler sessions the file holds: an integer
             (the pool size; ``pool`` by another name) or ``"all"`` (every filler session
             rendered on its own: ``questions * sessions`` distinct sessions, nothing for
@@ -274,12 +275,7 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
     grammar = Grammar()
     n_abs = round(questions * abstention_rate)
     abstain = set(random.Random(f"memgas-synth:{seed}:abs").sample(range(questions), n_abs))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=pool + questions, desc="synth", unit="item", file=sys.stderr,
-                   dynamic_ncols=True)
+    bar = Progress(pool + questions, "synth", unit="item", enabled=progress)
     try:
         pool_ids, pool_bodies = (None, None) if all_distinct else _render_pool(
             grammar, seed, pool, turns, words, distractor_rate, bar)
@@ -294,13 +290,11 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
                 if i:
                     f.write(b", ")
                 f.writelines(chunks)
-                if bar is not None:
-                    bar.update(1)
+                bar.update(1)
             f.write(b"]")
             size = f.tell()
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     distinct = questions * sessions if all_distinct else min(questions * sessions,
                                                              pool + n_evidence)
     return SynthSummary(str(path), questions, sessions, turns, words, pool, n_abs, n_evidence,

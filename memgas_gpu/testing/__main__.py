@@ -17,6 +17,21 @@ from .standin import DEV_IDS, locomo_like_records, write_dev_layout
 
 
 def main(argv=None) -> int:
+    """Run the command; a missing or unreadable input, or an output that cannot be
+    written, is one line on stderr and exit status 2 (no traceback)."""
+    try:
+        return _main(argv)
+    except (OSError, ValueError) as e:
+        if isinstance(e, OSError) and e.strerror:
+            where = f"{e.filename}: " if e.filename is not None else ""
+            why = f"{where}{e.strerror}"
+        else:
+            why = str(e)
+        print(f"error: {' '.join(why.split())}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m memgas_gpu.testing")
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="real-data layout from locomo10.json")
@@ -29,7 +44,14 @@ def main(argv=None) -> int:
         records = locomo_like_records()
     else:
         with open(a.locomo10, encoding="utf-8") as f:
-            by_id = {r.get("sample_id"): r for r in json.load(f)}
+            try:
+                records = json.load(f)
+            except ValueError as e:
+                raise ValueError(f"{a.locomo10}: not JSON ({e})") from None
+        if not isinstance(records, list):
+            raise ValueError(f"{a.locomo10}: expected a list of conversations (LoCoMo's "
+                             f"locomo10.json), got a JSON {type(records).__name__}")
+        by_id = {r.get("sample_id"): r for r in records if isinstance(r, dict)}
         missing = [c for c in DEV_IDS if c not in by_id]
         if missing:
             print(f"error: {a.locomo10}: no conversation {', '.join(missing)} "
