@@ -58,9 +58,12 @@ def _site_dirs() -> List[str]:
 def pip_nvcc() -> Optional[str]:
     """nvcc of the pip toolchain (``nvidia-cuda-nvcc``) installed for this Python."""
     for site in _site_dirs():
-        # newest CUDA first: nvidia/cu13/bin/nvcc, then nvidia/cuda_nvcc/bin/nvcc (CUDA 12)
-        for cand in sorted(glob.glob(os.path.join(site, "nvidia", "*", "bin", "nvcc")),
-                           reverse=True):
+        # newest CUDA first: nvidia/cu13/bin/nvcc, ..., then nvidia/cuda_nvcc/bin/nvcc
+        # (the CUDA 12 wheels' layout)
+        per_version = glob.glob(os.path.join(site, "nvidia", "cu[0-9]*", "bin", "nvcc"))
+        per_version.sort(key=lambda p: int(re.sub(r"\D", "", p.split(os.sep)[-3]) or 0),
+                         reverse=True)
+        for cand in per_version + [os.path.join(site, "nvidia", "cuda_nvcc", "bin", "nvcc")]:
             if _executable(cand):
                 return cand
     return None
