@@ -179,13 +179,13 @@ def main() -> int:
     if dry:
         args.conversations, args.sessions, args.dim = 3, 20, 32
     info = _native.C.build_info() if _native.C else None
-    report("backend", f"{_native.backend(dev)}; build {info}")
+    report("backend", f"{mg.backend(dev)}; build {info}")
     if _native.C is not None:  # the CUDA self-check of every kernel (auto's gate)
         _native._CHECK_KINDS.add(dev.type)  # the dry run checks the CPU kernels instead
-        kernels = _native.backend(dev, detail=True)["kernels"]
+        kernels = mg.backend(dev, detail=True)["kernels"]
         for op, status in kernels.items():
             report(f"self-check {op}", status, "passed", status == "passed")
-    if not dry and _native.backend(dev) != "native-cuda":
+    if not dry and mg.backend(dev) != "native-cuda":
         report("CUDA kernels", "missing: run bash benchmarks/gpu_check.sh", "", False)
     else:
         g = torch.Generator().manual_seed(0)

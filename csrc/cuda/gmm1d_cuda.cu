@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_check.h"
 #include "gmm1d_cuda.h"
 
 namespace memgas {
@@ -43,11 +44,7 @@ __global__ void gmm1d_kernel(const T* __restrict__ x, const int64_t* __restrict_
   for (int i = 0; i < m; ++i) out[b * m + i] = acc[i];
 }
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("gmm1d_cuda: ") + what + ": " +
-                             cudaGetErrorString(err));
-}
+void check(cudaError_t err, const char* what) { cuda_check(err, "gmm1d_cuda", what); }
 
 template <typename T>
 void launch(const T* x, const int64_t* n, const int64_t* fc, uint8_t* out, int64_t B,
@@ -73,6 +70,7 @@ void gmm1d_cuda(const void* x, bool is_double, const int64_t* n, const int64_t* 
   if (m < 1 || m > kGmmMaxM) throw std::invalid_argument("gmm1d_cuda: need 1 <= m <= 128");
   if (B == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cuda_check_entry("gmm1d_cuda", s);
   check(cudaMemsetAsync(err, 0, sizeof(int32_t), s), "memset");
   if (is_double)
     launch(static_cast<const double*>(x), n, first_centre, out, B, m, p, err, s);

@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_check.h"
 #include "ppr_cuda.h"
 
 namespace memgas {
@@ -30,11 +31,7 @@ constexpr int kThreads = 256;  // threads per block
 constexpr int kLanes = 8;      // threads per (node, column)
 constexpr int kCheck = 4;      // iterations between host convergence checks
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string("ppr_cuda: ") + what + ": " +
-                             cudaGetErrorString(err));
-}
+void check(cudaError_t err, const char* what) { cuda_check(err, "ppr_cuda", what); }
 
 namespace cg = cooperative_groups;
 
@@ -163,6 +160,7 @@ int64_t ppr_cuda(const int64_t* indptr, const void* indices, bool idx64, int64_t
   if (work_len < need.first || iwork_len < need.second)
     throw std::invalid_argument("ppr_cuda: workspace too small");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cuda_check_entry("ppr_cuda", s);
   const int64_t nq = n * Q, pairs = n_blocks * Q;
   {  // the graph, on the device, before anything reads through it
     int64_t nnz = 0;  // the caller checked that indices holds indptr[n] entries

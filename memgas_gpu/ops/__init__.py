@@ -10,9 +10,11 @@ from .propagate import propagate, query_waves, seed_scores
 from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
+from .selfcheck import backend
 from .similarity import (block_pattern, packed_reset, packed_session_sums,
                          packed_similarities, regular_packed_scores,
                          regular_router_seeds)
+from .sparse import check_csr, quiet_sparse_warnings
 
 __all__ = [
     "mmr",
@@ -47,4 +49,7 @@ __all__ = [
     "packed_reset",
     "packed_session_sums",
     "regular_packed_scores",
+    "backend",
+    "quiet_sparse_warnings",
+    "check_csr",
 ]
