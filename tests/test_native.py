@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from memgas_gpu import _native, backend
+from memgas_gpu.ops.gmm1d import first_centre_table
 from memgas_gpu.ops import (association_edges, build_association_graph, gmm1d_accept,
                             memgas_session_scores,
                             personalized_pagerank, symmetric_csr)
@@ -133,6 +134,33 @@ def _random_graph(n, per_block, deg, seed, isolated=0.1):
     blocks = blocks.clamp_max(int(blocks[-1]))
     indptr, indices = symmetric_csr(torch.stack([src[keep], dst[keep]]), n)
     return indptr, indices, blocks, g
+
+
+@native
+@pytest.mark.parametrize("m", [30, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_row_code_run_on_the_cpu_equals_torch(m, dtype):
+    """The CUDA kernel's instances of the row code (M = 32 / 128, EM responsibilities
+    recomputed instead of kept, no per-thread arrays), compiled for the CPU
+    (gmm1d_cpu(cuda_layout=True)): the same masks as the CPU kernel and the torch op."""
+    g = torch.Generator().manual_seed(m)
+    rows = torch.from_numpy(gmm_rows(2000, m=m, seed=m + 7)).to(dtype)
+    xs = rows.sort(dim=1, descending=True).values
+    n = torch.where(torch.rand(len(xs), generator=g) < 0.3,
+                    torch.randint(0, m + 1, (len(xs),), generator=g), torch.full((len(xs),), m))
+    valid = torch.arange(m)[None, :] < n[:, None]
+    xs = torch.where(valid, xs, torch.zeros_like(xs))
+    table = torch.tensor(first_centre_table(m), dtype=torch.int64)
+    params = (float(torch.finfo(dtype).eps), 1e-3, 1e-6, 100, 1e-4, 300)
+    masks = []
+    for cuda_layout in (True, False):
+        out = torch.empty(len(xs), m, dtype=torch.uint8)
+        _native.C.gmm1d_cpu(xs.data_ptr(), dtype == torch.float64, n.data_ptr(),
+                            table.data_ptr(), out.data_ptr(), len(xs), m, params, 1,
+                            cuda_layout=cuda_layout)
+        masks.append(out.bool())
+    ref = gmm1d_accept(xs, valid, backend="torch")  # rows sorted: positions unchanged
+    assert torch.equal(masks[0], ref) and torch.equal(masks[1], ref)
 
 
 @native

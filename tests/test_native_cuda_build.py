@@ -1,7 +1,8 @@
 """The CUDA sources compile, without a GPU: every ``csrc/cuda/*.cu`` for sm_90 machine
 code and compute_90 PTX with warnings as errors (nvcc's and the host compiler's), and
-ptxas reports no register spills (marker ``cuda_build``; part of the default run, where
-it skips with one line when no nvcc is found).
+ptxas reports no register spills and, for the GMM kernels, no stack frame (no
+per-thread arrays in local memory) (marker ``cuda_build``; part of the default run,
+where it skips with one line when no nvcc is found).
 
 nvcc comes from ``memgas_gpu._toolchain.find_nvcc``: a CUDA toolkit or the pip one
 (``pip install nvidia-cuda-nvcc nvidia-cuda-cccl``, which ``.[dev]`` installs on Linux).
@@ -60,6 +61,9 @@ def test_cuda_source_compiles_without_warnings(src, tmp_path):
     assert entries, "ptxas reported no kernel"
     spills = {k: v for k, v in entries.items() if v[1] or v[2]}
     assert not spills, f"register spills: {spills}"
+    if src.name == "gmm1d_cuda.cu":  # no per-thread arrays in local memory (was 3.4 KB)
+        frames = {k: v[0] for k, v in entries.items() if "gmm1d_kernel" in k}
+        assert len(frames) == 4 and not any(frames.values()), frames
 
 
 def test_cuda_sources_exist():
