@@ -242,18 +242,19 @@ def test_ppr_validates_graph(device):
     """Bad graphs raise before the kernel reads through them (the wrapper checks on the
     values as given; the kernels check again: the CPU one on the host, the CUDA one on
     the device)."""
-    def run(ip, ix, reset=torch.ones(2), blocks=None):
+    def run(ip, ix, reset=torch.ones(2), blocks=None, backend="native"):
         t = lambda x: None if x is None else torch.tensor(x).to(device)  # noqa: E731
         return personalized_pagerank(t(ip), t(ix), reset.to(device), blocks=t(blocks),
-                                     backend="native")
+                                     backend=backend)
 
     for ip, ix, match in (([0, 1, 2], [1, 5], "column index 5 out of range"),
                           ([0, 1, 2], [1, -1], "column index -1 out of range"),
                           ([0, 1, 2], [1], "indices has 1 entries"),
                           ([1, 1, 2], [0, 1], "indptr\\[0\\] must be 0"),
                           ([0, 2, 1], [1], "indptr decreases")):
-        with pytest.raises(ValueError, match=match):
-            run(ip, ix)
+        for backend in ("native", "torch"):
+            with pytest.raises(ValueError, match=match):
+                run(ip, ix, backend=backend)
     with pytest.raises(ValueError, match="block id out of range"):
         run([0, 1, 2], [1, 0], blocks=[0, -1])
     assert torch.equal(run([0, 1, 2], [1, 0], blocks=[0, 0]).cpu(),

@@ -148,3 +148,28 @@ def test_column_index_past_int32_refused_by_every_path(device):
         with pytest.raises(ValueError, match="column index out of range"):
             _native.C.ppr_cpu(indptr.data_ptr(), bad.data_ptr(), True, n, r.data_ptr(), 2, 0, 1,
                               0.1, 1e-10, 10, out.data_ptr(), 1)
+
+
+def test_quiet_sparse_warnings_silences_only_the_sparse_notices():
+    """torch's own notices (warned once per process, so replayed here by text) are
+    silenced inside the helper; any other warning still shows."""
+    import warnings
+
+    from memgas_gpu.ops import quiet_sparse_warnings
+
+    notices = ["Sparse CSR tensor support is in beta state. If you miss a functionality "
+               "in the sparse tensor support, please submit a feature request",
+               "Sparse BSR tensor support is in beta state.",
+               "Sparse invariant checks are implicitly disabled. Memory errors (e.g. "
+               "SEGFAULT) will occur when operating on a sparse tensor which violates "
+               "the invariants"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_sparse_warnings():
+            for text in notices + ["another notice"]:
+                warnings.warn(text, UserWarning)
+            A = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([1, 0]),
+                                        torch.ones(2), size=(2, 2))
+        warnings.warn(notices[0], UserWarning)  # outside: shown
+    assert [str(w.message) for w in seen] == ["another notice", notices[0]]
+    assert torch.equal(A.to_dense(), torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
