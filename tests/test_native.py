@@ -315,6 +315,18 @@ def test_gpu_check_dry_run():
     assert "| gmm1d masks identical" in out.stdout and "FAIL" not in out.stdout
 
 
+@native
+def test_gpu_kernels_dry_run():
+    """benchmarks/gpu_kernels.py (the kernel timings of gpu_suite.sh) on the CPU."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"),
+                          "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == [
+        "| gmm1d kernel, m=30", "| gmm1d kernel, m=100", "| ppr kernel, to convergence",
+        "| ppr kernel, 100 iterations"]
+
+
 @pytest.mark.gpu
 @needs_cuda
 # ---------------------------------------------------------------- CUDA vs CPU ----------
