@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-for _ in range(3):  # a bare GPU machine may lack the I/O extras the package imports
-    try:
-        import memgas_gpu as mg  # noqa: E402
-        break
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("tqdm", "ijson"):
-            raise
-        import types
-        print(f"[gpu_check] note: {exc.name} is not installed; using a stub (unused here)")
-        stub = types.ModuleType(exc.name)
-        stub.tqdm = lambda it=None, *a, **k: it
-        sys.modules[exc.name] = stub
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_kernels.py
+from gpu_kernels import best_of as timed  # noqa: E402  (also makes memgas_gpu importable)
+
+import memgas_gpu as mg  # noqa: E402
 from memgas_gpu import _native  # noqa: E402
 from memgas_gpu.ops import (build_association_graph, gmm1d_accept,  # noqa: E402
                             personalized_pagerank)
@@ -41,21 +31,6 @@ def report(step: str, value: str, target: str = "", ok=None) -> None:
     ROWS.append((step, value, target, "" if ok is None else ("ok" if ok else "FAIL")))
     print(f"[gpu_check] {step}: {value} {('(target ' + target + ')') if target else ''}",
           flush=True)
-
-
-def timed(fn, dev: torch.device, repeat: int = 3) -> float:
-    """Best wall time of ``fn()`` in seconds (synchronised)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def gmm_rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:

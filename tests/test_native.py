@@ -252,9 +252,9 @@ def test_ppr_validates_graph(device):
                           ([0, 1, 2], [1], "indices has 1 entries"),
                           ([1, 1, 2], [0, 1], "indptr\\[0\\] must be 0"),
                           ([0, 2, 1], [1], "indptr decreases")):
-        for backend in ("native", "torch"):
+        for be in ("native", "torch"):
             with pytest.raises(ValueError, match=match):
-                run(ip, ix, backend=backend)
+                run(ip, ix, backend=be)
     with pytest.raises(ValueError, match="block id out of range"):
         run([0, 1, 2], [1, 0], blocks=[0, -1])
     assert torch.equal(run([0, 1, 2], [1, 0], blocks=[0, 0]).cpu(),
