@@ -61,6 +61,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<memgas::CudaOutOfMemory>(m, "CudaOutOfMemory", PyExc_MemoryError);
   py::register_exception<memgas::CudaFault>(m, "CudaFault", PyExc_RuntimeError);
   py::register_exception<memgas::CudaPriorError>(m, "CudaPriorError", PyExc_RuntimeError);
+  py::register_exception<memgas::CudaUnavailable>(m, "CudaUnavailable", PyExc_RuntimeError);
   m.def("gmm1d_cpu",
         [](uintptr_t x, bool is_double, uintptr_t n, uintptr_t table, uintptr_t out,
            int64_t B, int64_t M, py::tuple p, int threads, bool cuda_layout) {

@@ -249,7 +249,9 @@ def test_self_check_wrong_kernel_falls_back_once(stand_in):
 
 @native
 def test_kernel_that_cannot_launch_falls_back(stand_in):
-    fake = _StandIn(raise_ppr=RuntimeError("no kernel image is available for execution"))
+    fake = _StandIn(raise_ppr=REAL_C.CudaUnavailable(
+        "ppr_cuda: step launch: cudaErrorNoKernelImageForDevice (no kernel image is "
+        "available for execution on the device)"))
     stand_in(fake, check_cpu=True)
     indptr, indices, blocks, reset = _graph(n=200, per=50)
     with pytest.warns(RuntimeWarning, match="no kernel image"):
@@ -260,13 +262,28 @@ def test_kernel_that_cannot_launch_falls_back(stand_in):
 
 
 @native
+def test_other_errors_are_not_the_kernels(stand_in):
+    """torch's own CUDA error while the wrapper prepares the call (an earlier fault
+    surfacing in a torch op) is raised unchanged: no fallback, the kernel stays on."""
+    err = RuntimeError("CUDA error: an illegal memory access was encountered")
+    stand_in(_StandIn(raise_ppr=err))
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="^CUDA error: an illegal memory access"):
+            personalized_pagerank(indptr, indices, reset)
+    assert _native.kernel_status("cpu", run_checks=False)["ppr"] == "not checked"
+
+
+@native
 def test_failure_after_a_passed_check_falls_back(stand_in):
     fake = _StandIn()
     stand_in(fake, check_cpu=True)
     indptr, indices, blocks, reset = _graph(n=200, per=50)
     personalized_pagerank(indptr, indices, reset)  # self-check passes
     assert backend("cpu", detail=True)["kernels"]["ppr"] == "passed"
-    fake.raise_ppr = RuntimeError("CUDA driver version is insufficient")
+    fake.raise_ppr = REAL_C.CudaUnavailable("ppr_cuda: entry: cudaErrorInsufficientDriver "
+                                            "(CUDA driver version is insufficient)")
     with pytest.warns(RuntimeWarning, match="insufficient"):
         got = personalized_pagerank(indptr, indices, reset)
     assert torch.equal(got, personalized_pagerank(indptr, indices, reset, backend="torch"))

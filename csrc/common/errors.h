@@ -1,6 +1,5 @@
-// Exceptions the kernels throw, beyond std::invalid_argument (a bad input: ValueError)
-// and std::runtime_error (the kernel cannot run here, e.g. no kernel image for this GPU
-// or a driver older than the runtime: memgas_gpu falls back to the torch op). bindings.cpp
+// Exceptions the kernels throw, beyond std::invalid_argument (a bad input: ValueError).
+// bindings.cpp
 // registers each as a Python class in memgas_gpu._C, so the Python wrappers
 // (memgas_gpu/ops/_kernels.py) can tell what happened without parsing messages.
 #pragma once
@@ -19,6 +18,13 @@ struct CudaOutOfMemory : std::runtime_error {
 // is unusable from now on (Python: _C.CudaFault, a RuntimeError). Never a fallback.
 struct CudaFault : std::runtime_error {
   explicit CudaFault(const std::string& m) : std::runtime_error(m) {}
+};
+
+// The kernel cannot run here: no kernel image for this GPU, a driver older than the
+// runtime, no device (Python: _C.CudaUnavailable, a RuntimeError): with backend="auto"
+// memgas_gpu disables the kernel on that device and runs the torch op.
+struct CudaUnavailable : std::runtime_error {
+  explicit CudaUnavailable(const std::string& m) : std::runtime_error(m) {}
 };
 
 // An error left by earlier work on the device, found before this kernel was launched

@@ -34,12 +34,12 @@ inline std::string cuda_message(const char* kernel, const char* step, cudaError_
          cudaGetErrorString(e) + ")";
 }
 
-// A CUDA call of this kernel: out of memory, a fault, or "cannot run here".
+// A CUDA call of this kernel: out of memory, a fault, or "cannot run here" (the rest).
 inline void cuda_check(cudaError_t e, const char* kernel, const char* step) {
   if (e == cudaSuccess) return;
   if (e == cudaErrorMemoryAllocation) throw CudaOutOfMemory(cuda_message(kernel, step, e));
   if (cuda_sticky(e)) throw CudaFault(cuda_message(kernel, step, e));
-  throw std::runtime_error(cuda_message(kernel, step, e));
+  throw CudaUnavailable(cuda_message(kernel, step, e));
 }
 
 // Before the first launch: an error that earlier work left (an asynchronous fault of

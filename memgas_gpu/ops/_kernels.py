@@ -22,9 +22,11 @@ Error policy of :func:`dispatch` (``memgas_gpu._C`` raises its own classes, see
   failure): raised with a one-line hint, never a fallback (the CUDA context is unusable
   after one); an error that earlier CUDA work left (``_C.CudaPriorError``) is raised as
   not this kernel's.
-* Any other ``RuntimeError`` (the kernel cannot run here: no kernel image for this GPU,
-  a driver older than the runtime): with ``auto``, the kernel is disabled on that device
+* The kernel cannot run here (``_C.CudaUnavailable``: no kernel image for this GPU, a
+  driver older than the runtime): with ``auto``, the kernel is disabled on that device
   (one warning) and the torch op runs; with ``native`` it is raised.
+* Any other error (for example torch's own CUDA error while the wrapper prepares the
+  call, left by earlier work): raised unchanged; the kernel stays enabled.
 """
 from __future__ import annotations
 
@@ -113,7 +115,10 @@ def _with_retry(op: str, device: torch.device, native: Callable[[], T]) -> T:
                     f"memgas_gpu: CUDA reported an error on {device} before the native "
                     f"'{op}' kernel ran, left by earlier work ({exc}); rerun with "
                     "CUDA_LAUNCH_BLOCKING=1 to find the operation that failed") from exc
-            raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
+            unavailable = getattr(_native.C, "CudaUnavailable", None)
+            if unavailable is not None and isinstance(exc, unavailable):
+                raise _CannotRun(f"{type(exc).__name__}: {exc}") from exc
+            raise  # not the kernel's (e.g. torch's own CUDA error while preparing the call)
     raise AssertionError("unreachable")
 
 

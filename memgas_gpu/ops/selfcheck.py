@@ -124,8 +124,8 @@ def backend(device: Union[str, torch.device, None] = None, detail: bool = False
 
     Returns:
         ``"native-cpu"`` / ``"native-cuda"`` (every kernel native), ``"torch"`` (no
-        extension, no kernels for the device, ``MEMGAS_BACKEND=torch``, or every kernel
-        failed), or e.g. ``"native-cuda (torch for ppr)"``. On CUDA the pending
+        extension, no kernels for the device, no CUDA device for ``"cuda"``,
+        ``MEMGAS_BACKEND=torch``, or every kernel failed), or e.g. ``"native-cuda (torch for ppr)"``. On CUDA the pending
         self-checks run first. With ``detail``: ``{"backend": <that string>,
         "kernels": {op: "passed" | "failed: why" | "not checked"}}`` (CPU kernels are
         tested by the test suite, not checked at run time: "not checked").
@@ -133,7 +133,8 @@ def backend(device: Union[str, torch.device, None] = None, detail: bool = False
     kind = torch.device(device).type if device is not None else (
         "cuda" if torch.cuda.is_available() else "cpu")
     env = _native.env_backend()
-    usable = env != "torch" and _native.native_available(kind)
+    usable = (env != "torch" and _native.native_available(kind)
+              and (kind != "cuda" or torch.cuda.is_available()))
     dev = device if device is not None else kind
     kernels = (_native.kernel_status(dev, run_checks=env == "auto") if usable
                else {op: "not checked" for op in _native.kernel_status(dev, False)})
