@@ -10,13 +10,16 @@ Environment variables:
 * ``MEMGAS_BUILD_CUDA``: ``auto`` (default: build the CUDA kernels when nvcc is found and
   either an importable torch has CUDA or, torch not being importable as in pip's
   isolated build, an NVIDIA driver is present; on failure retry CPU-only), ``1``
-  (required), ``0`` (never).
+  (required), ``0`` (never). nvcc is searched by ``memgas_gpu/_toolchain.py``: a CUDA
+  toolkit (``CUDACXX``, ``CUDA_HOME``, ``PATH``, ``/usr/local/cuda``) or the pip
+  toolchain (``pip install nvidia-cuda-nvcc nvidia-cuda-cccl``).
 * ``MEMGAS_CUDA_ARCHS``: CMake CUDA architectures (default ``native`` when a GPU is
   visible, else ``common``: every common architecture, see CMakeLists.txt).
 * ``MEMGAS_CMAKE_ARGS``: extra arguments for the CMake configure step.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -41,12 +44,20 @@ def _log(msg: str) -> None:
     print(f"memgas_gpu native build: {msg}", file=sys.stderr, flush=True)
 
 
+def _load_toolchain():
+    """memgas_gpu/_toolchain.py by path: the package itself (torch) may not import here."""
+    spec = importlib.util.spec_from_file_location("_memgas_toolchain",
+                                                  ROOT / "memgas_gpu" / "_toolchain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_TOOLCHAIN = _load_toolchain()
+
+
 def _nvcc() -> str | None:
-    for cand in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
-                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
+    return _TOOLCHAIN.find_nvcc()
 
 
 def _gpu_visible() -> bool:
@@ -149,8 +160,10 @@ class CMakeBuild(build_ext):
         ]
         if cuda:
             nvcc = _nvcc()
-            if nvcc:
-                args.append(f"-DCMAKE_CUDA_COMPILER={os.path.realpath(nvcc)}")
+            if nvcc is None:
+                raise RuntimeError(_TOOLCHAIN.INSTALL_HINT)
+            _log(f"nvcc: {nvcc}")
+            args.append(f"-DCMAKE_CUDA_COMPILER={os.path.realpath(nvcc)}")
             # a visible GPU: its own architecture; else every common one (CMakeLists.txt)
             archs = os.environ.get("MEMGAS_CUDA_ARCHS") or (
                 "native" if _gpu_visible() else "common")

@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-for _ in range(3):  # a bare GPU machine may lack the I/O extras the package imports
-    try:
-        import memgas_gpu as mg  # noqa: E402
-        break
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("tqdm", "ijson"):
-            raise
-        import types
-        print(f"[gpu_check] note: {exc.name} is not installed; using a stub (unused here)")
-        stub = types.ModuleType(exc.name)
-        stub.tqdm = lambda it=None, *a, **k: it
-        sys.modules[exc.name] = stub
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_kernels.py
+from gpu_kernels import best_of as timed  # noqa: E402  (also makes memgas_gpu importable)
+
+import memgas_gpu as mg  # noqa: E402
 from memgas_gpu import _native  # noqa: E402
 from memgas_gpu.ops import (build_association_graph, gmm1d_accept,  # noqa: E402
                             personalized_pagerank)
@@ -41,21 +31,6 @@ def report(step: str, value: str, target: str = "", ok=None) -> None:
     ROWS.append((step, value, target, "" if ok is None else ("ok" if ok else "FAIL")))
     print(f"[gpu_check] {step}: {value} {('(target ' + target + ')') if target else ''}",
           flush=True)
-
-
-def timed(fn, dev: torch.device, repeat: int = 3) -> float:
-    """Best wall time of ``fn()`` in seconds (synchronised)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def gmm_rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:
@@ -179,13 +154,13 @@ def main() -> int:
     if dry:
         args.conversations, args.sessions, args.dim = 3, 20, 32
     info = _native.C.build_info() if _native.C else None
-    report("backend", f"{_native.backend(dev)}; build {info}")
+    report("backend", f"{mg.backend(dev)}; build {info}")
     if _native.C is not None:  # the CUDA self-check of every kernel (auto's gate)
         _native._CHECK_KINDS.add(dev.type)  # the dry run checks the CPU kernels instead
-        kernels = _native.backend(dev, detail=True)["kernels"]
+        kernels = mg.backend(dev, detail=True)["kernels"]
         for op, status in kernels.items():
             report(f"self-check {op}", status, "passed", status == "passed")
-    if not dry and _native.backend(dev) != "native-cuda":
+    if not dry and mg.backend(dev) != "native-cuda":
         report("CUDA kernels", "missing: run bash benchmarks/gpu_check.sh", "", False)
     else:
         g = torch.Generator().manual_seed(0)

@@ -6,7 +6,9 @@ index slice of 10 haystacks extrapolated to 500) with a wall-clock budget (sweep
 that would start after it are skipped), writes the report, and prints the goal table
 last. ``--dry-run`` runs the same logic at scale ``tiny`` on the CPU. It also times
 cuGraph's personalized PageRank against ours on the same graph and reset vectors
-(``gpu_cugraph.py``; the row says so when cuGraph is not importable).
+(``gpu_cugraph.py``; the row says so when cuGraph is not importable), and the native
+kernels alone (``gpu_kernels.py``: the GMM without per-thread arrays, the PPR that skips
+converged blocks).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default=None, help="comma-separated subset of the stages")
     ap.add_argument("--no-reference", action="store_true", help="skip the reference timings")
     ap.add_argument("--no-cugraph", action="store_true", help="skip the cuGraph PPR row")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
     args = ap.parse_args(argv)
 
     import torch
@@ -68,6 +71,11 @@ def main(argv=None) -> int:
 
         print()
         main_row(device, args.dry_run, args.out, log=lambda m: print(m, flush=True))
+    if not args.no_kernels:
+        import gpu_kernels
+
+        print()
+        gpu_kernels.main(["--dry-run"] if args.dry_run else [])
     print()
     print("\n".join(goal_table(res.records, "cuda" if device == "cuda" else "cpu")))
     return 0

@@ -7,8 +7,9 @@
 #
 # Prints the per-point log, then (last) a short table: each H200 goal (graph build
 # 500 x 500 sessions, 500 queries, BM25 500 queries, BERT-base tokens/s, full
-# LongMemEval-M-shaped index) next to its arithmetic limit. Exit status 2 without CUDA
-# (unless --dry-run).
+# LongMemEval-M-shaped index) next to its arithmetic limit, after the native kernels'
+# own timings (benchmarks/gpu_kernels.py: GMM and PPR kernels against the torch ops).
+# Exit status 2 without CUDA (unless --dry-run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python benchmarks/gpu_suite.py "$@"

@@ -12,6 +12,7 @@
 #include "cpu/gmm1d_cpu.h"
 #include "cpu/graph_cpu.h"
 #include "cpu/ppr_cpu.h"
+#include "common/errors.h"
 #include "common/ppr_workspace.h"
 #ifdef MEMGAS_WITH_CUDA
 #include "cuda/gmm1d_cuda.h"
@@ -55,14 +56,24 @@ py::dict build_info() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "memgas_gpu native kernels (raw-pointer API; use memgas_gpu.ops)";
   m.def("build_info", &build_info, "Build facts: OpenMP version, CUDA, compiler.");
+  // what a failed CUDA call was (common/errors.h); registered in every build so that
+  // the Python wrappers can name them without a CUDA build
+  py::register_exception<memgas::CudaOutOfMemory>(m, "CudaOutOfMemory", PyExc_MemoryError);
+  py::register_exception<memgas::CudaFault>(m, "CudaFault", PyExc_RuntimeError);
+  py::register_exception<memgas::CudaPriorError>(m, "CudaPriorError", PyExc_RuntimeError);
+  py::register_exception<memgas::CudaUnavailable>(m, "CudaUnavailable", PyExc_RuntimeError);
   m.def("gmm1d_cpu",
         [](uintptr_t x, bool is_double, uintptr_t n, uintptr_t table, uintptr_t out,
-           int64_t B, int64_t M, py::tuple p, int threads) {
+           int64_t B, int64_t M, py::tuple p, int threads, bool cuda_layout) {
           GmmParams gp = params(p);
           py::gil_scoped_release nogil;
           memgas::gmm1d_cpu(ptr<const void>(x), is_double, ptr<const int64_t>(n),
-                            ptr<const int64_t>(table), ptr<uint8_t>(out), B, M, gp, threads);
-        });
+                            ptr<const int64_t>(table), ptr<uint8_t>(out), B, M, gp, threads,
+                            cuda_layout);
+        },
+        py::arg("x"), py::arg("is_double"), py::arg("n"), py::arg("table"), py::arg("out"),
+        py::arg("B"), py::arg("M"), py::arg("params"), py::arg("threads"),
+        py::arg("cuda_layout") = false);
   m.def("graph_topm_cpu",
         [](uintptr_t sims, bool is_double, int64_t R, int64_t W, uintptr_t ncand, int64_t M,
            bool gmm, uintptr_t table, py::tuple p, uintptr_t out_idx, uintptr_t out_acc,

@@ -17,9 +17,10 @@ __version__ = "0.1.0"
 from .data import Conversation, Dataset, Question, Session, load_dataset  # noqa: E402
 from .errors import DataFormatError, MemgasError  # noqa: E402
 
-#: name → submodule, imported on first access (PEP 562)
+#: name → submodule, imported on first access (PEP 562); ``backend`` comes with the
+#: kernels' self-checks (memgas_gpu.ops.selfcheck registers them)
 _LAZY = {"MemoryIndex": "retrieve", "Encoder": "encode", "evaluate": "eval",
-         "GamIndex": "gam", "DEFAULT_METHOD": "retrieve", "backend": "_native"}
+         "GamIndex": "gam", "DEFAULT_METHOD": "retrieve", "backend": "ops.selfcheck"}
 
 __all__ = [
     "__version__",

@@ -1,4 +1,4 @@
-"""Loader and backend choice for the optional native extension ``memgas_gpu._C``.
+"""Loader, backend choice and kernel state of the optional native extension ``memgas_gpu._C``.
 
 The extension (``csrc/``, built by ``setup.py`` through CMake) holds CPU kernels and,
 when built with CUDA, GPU kernels. Every op in :mod:`memgas_gpu.ops` that has a native
@@ -12,17 +12,18 @@ kernel takes ``backend="auto" | "native" | "torch"``:
 * ``"torch"``: the readable torch op (the reference the kernels are tested against).
 
 The choice is resolved once per (op, device type) and each fallback is logged once.
-:func:`backend` tells what ``auto`` gives.
+The calls themselves go through :mod:`memgas_gpu.ops._kernels` (one wrapper per kernel,
+with the error policy); :func:`memgas_gpu.backend` tells what ``auto`` gives.
 
-**Self-check (CUDA).** The first time ``auto`` would run a native CUDA kernel in a
-process, the kernel runs on a small fixed problem and is compared with the torch op on
-the same device (each op registers its check with :func:`register_self_check`). On a
+**Self-check (CUDA).** The first time ``auto`` would run a native CUDA kernel on a
+device (each device index on its own), the kernel runs on a small fixed problem and is
+compared with the torch op on that device (the checks live in
+:mod:`memgas_gpu.ops.selfcheck`, registered with :func:`register_self_check`). On a
 mismatch, or if the kernel cannot launch at all (no kernel image for the GPU, a driver
 older than the CUDA runtime linked into the extension), one warning names the kernel
-and ``auto`` uses the torch op for it from then on; a native call that fails later is
-handled the same way (:func:`native_failed`). ``backend="native"`` and
-``MEMGAS_BACKEND=native`` never fall back. ``backend(detail=True)`` reports each
-kernel's status.
+and ``auto`` uses the torch op for it on that device from then on; a native call that
+cannot run later is handled the same way (:func:`disable`). ``backend="native"`` and
+``MEMGAS_BACKEND=native`` never fall back.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["backend", "native_available", "resolve", "C", "BUILD_HINT",
-           "register_self_check", "native_failed", "on_cuda", "cuda_stream"]
+__all__ = ["native_available", "resolve", "C", "BUILD_HINT", "register_self_check",
+           "disable", "device_key", "env_backend", "kernel_status", "may_fall_back",
+           "on_cuda", "cuda_stream", "n_threads"]
 
 logger = logging.getLogger("memgas_gpu")
 
@@ -58,6 +60,17 @@ def _device_type(device) -> str:
     return torch.device(device).type
 
 
+def device_key(device) -> str:
+    """``"cpu"`` or ``"cuda:<index>"`` (the current device for a bare ``"cuda"``): the
+    key of a kernel's self-check state, so every GPU of a machine is checked on its own."""
+    dev = torch.device(_device_type(device) if device is None else device)
+    if dev.type != "cuda":
+        return dev.type
+    index = dev.index if dev.index is not None else (
+        torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    return f"cuda:{index}"
+
+
 def native_available(device="cpu") -> bool:
     """Whether the native extension has kernels for ``device`` (``"cpu"``/``"cuda"``)."""
     if C is None:
@@ -72,6 +85,20 @@ def _missing(kind: str) -> str:
     return f"memgas_gpu._C was built without {kind.upper()} kernels"
 
 
+def env_backend() -> str:
+    """``MEMGAS_BACKEND`` (``auto`` when unset)."""
+    env = os.environ.get("MEMGAS_BACKEND", "auto").strip().lower() or "auto"
+    if env not in BACKENDS:
+        raise ValueError(f"MEMGAS_BACKEND must be one of {BACKENDS}, got {env!r}")
+    return env
+
+
+def may_fall_back(requested: str) -> bool:
+    """Whether a native failure may turn into the torch op: only for ``auto`` with no
+    ``MEMGAS_BACKEND`` override (``native`` in either place means "this kernel")."""
+    return requested == "auto" and env_backend() == "auto"
+
+
 @lru_cache(maxsize=None)
 def _resolve(op: str, kind: str, requested: str) -> str:
     if requested == "native":
@@ -81,9 +108,7 @@ def _resolve(op: str, kind: str, requested: str) -> str:
         return "native"
     if requested == "torch":
         return "torch"
-    env = os.environ.get("MEMGAS_BACKEND", "auto").strip().lower() or "auto"
-    if env not in BACKENDS:
-        raise ValueError(f"MEMGAS_BACKEND must be one of {BACKENDS}, got {env!r}")
+    env = env_backend()
     if env != "auto":
         if env == "torch":
             logger.info("%s uses the torch op (MEMGAS_BACKEND=torch)", op)
@@ -97,65 +122,57 @@ def _resolve(op: str, kind: str, requested: str) -> str:
 
 # ------------------------------------------------------------------ self-check -------
 # op -> check(device) returning None when the native kernel agrees with the torch op on
-# its fixed problem, else a one-line description of the mismatch (may also raise).
+# its fixed problems, else a one-line description of the mismatch (may also raise).
 _SELF_CHECKS: Dict[str, Callable[[torch.device], Optional[str]]] = {}
 # device kinds whose native kernels are checked before their first use ("cpu" in tests)
 _CHECK_KINDS = {"cuda"}
-# (op, kind) -> "passed" or "failed: why"
+# (op, device key) -> "passed" | "failed: why" | "running"
 _STATUS: Dict[Tuple[str, str], str] = {}
 
 
 def register_self_check(op: str, check: Callable[[torch.device], Optional[str]]) -> None:
-    """Register the self-check of ``op``'s native kernel (called by the ops modules).
+    """Register the self-check of ``op``'s native kernel.
 
     Args:
         op: op name as given to :func:`resolve`.
-        check: ``check(device)`` runs the native kernel and the torch op on a small fixed
-            problem on ``device``; returns None when they agree, else what differs.
+        check: ``check(device)`` runs the native kernel and the torch op on small fixed
+            problems on ``device``; returns None when they agree, else what differs.
     """
     _SELF_CHECKS[op] = check
 
 
-def native_failed(op: str, device, exc: BaseException) -> None:
-    """Record that ``op``'s native kernel failed on ``device`` (warns once); ``auto``
-    uses the torch op from then on."""
-    _fail(op, _device_type(device), f"{type(exc).__name__}: {exc}")
-
-
-def _fail(op: str, kind: str, why: str) -> None:
-    first = not _STATUS.get((op, kind), "").startswith("failed")
-    _STATUS[(op, kind)] = f"failed: {why}"
-    if first:
-        warnings.warn(f"memgas_gpu: the native {kind.upper()} kernel '{op}' failed its "
-                      f"check ({why}); using the torch op for '{op}' from now on",
+def disable(op: str, device, why: str, warn: bool = True) -> None:
+    """Record that ``op``'s native kernel cannot be used on ``device`` (warns once per
+    kernel and device unless ``warn`` is False: the caller raises instead); ``auto``
+    uses the torch op there from then on."""
+    key = (op, device_key(device))
+    first = not _STATUS.get(key, "").startswith("failed")
+    _STATUS[key] = f"failed: {why}"
+    if first and warn:
+        warnings.warn(f"memgas_gpu: the native {key[1]} kernel '{op}' failed ({why}); "
+                      f"using the torch op for '{op}' on {key[1]} from now on",
                       RuntimeWarning, stacklevel=3)
 
 
 def _self_checked(op: str, device) -> bool:
-    """Run ``op``'s self-check once per (op, device kind); True when it passed."""
-    kind = _device_type(device)
-    key = (op, kind)
+    """Run ``op``'s self-check once per (op, device); True when it passed."""
+    key = (op, device_key(device))
     if key not in _STATUS:
         check = _SELF_CHECKS.get(op)
         if check is None:
             _STATUS[key] = "passed (no self-check registered)"
         else:
-            dev = torch.device(device) if device is not None else torch.device(kind)
-            _STATUS[key] = "running"  # the check itself calls the op with backend="native"
+            _STATUS[key] = "running"  # the check calls the kernel with backend="native"
             try:
-                why = check(dev)
+                why = check(torch.device(key[1]))
             except Exception as exc:  # noqa: BLE001 - any launch failure means fall back
                 why = f"{type(exc).__name__}: {exc}"
             if why is None:
                 _STATUS[key] = "passed"
             else:
                 _STATUS.pop(key)
-                _fail(op, kind, why)
+                disable(op, key[1], f"self-check: {why}")
     return not _STATUS[key].startswith("failed")
-
-
-def _env_backend() -> str:
-    return os.environ.get("MEMGAS_BACKEND", "auto").strip().lower() or "auto"
 
 
 def resolve(op: str, device, requested: str = "auto") -> str:
@@ -167,7 +184,7 @@ def resolve(op: str, device, requested: str = "auto") -> str:
         requested: ``"auto"`` (default), ``"native"`` or ``"torch"``.
 
     Raises:
-        ValueError: unknown ``requested``.
+        ValueError: unknown ``requested`` or ``MEMGAS_BACKEND``.
         ImportError: ``requested="native"`` (or ``MEMGAS_BACKEND=native``) without the
             needed kernels.
     """
@@ -175,10 +192,23 @@ def resolve(op: str, device, requested: str = "auto") -> str:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     kind = _device_type(device)
     choice = _resolve(op, kind, requested)
-    if (choice == "native" and requested == "auto" and _env_backend() == "auto"
-            and kind in _CHECK_KINDS and not _self_checked(op, device)):
+    if (choice == "native" and may_fall_back(requested) and kind in _CHECK_KINDS
+            and not _self_checked(op, device)):
         return "torch"
     return choice
+
+
+def kernel_status(device, run_checks: bool = True) -> Dict[str, str]:
+    """``{op: "passed" | "failed: why" | "not checked"}`` for every kernel with a
+    self-check on ``device``; runs the pending checks first (on a device kind that has
+    them) unless ``run_checks`` is False."""
+    out = {}
+    key = device_key(device)
+    for op in sorted(_SELF_CHECKS):
+        if run_checks and torch.device(key).type in _CHECK_KINDS:
+            _self_checked(op, key)
+        out[op] = _STATUS.get((op, key), "not checked")
+    return out
 
 
 def on_cuda(t: torch.Tensor) -> bool:
@@ -191,34 +221,6 @@ def cuda_stream(device) -> Iterator[int]:
     """Device guard for a native CUDA call; yields torch's current stream handle."""
     with torch.cuda.device(device):
         yield torch.cuda.current_stream().cuda_stream
-
-
-def backend(device=None, detail: bool = False):
-    """Backend that ``auto`` uses for ops on ``device``.
-
-    Args:
-        device: ``"cpu"``, ``"cuda"`` or a ``torch.device`` (default: ``"cuda"`` when a
-            GPU is available, else ``"cpu"``).
-        detail: also report every kernel: runs the self-checks not run yet (on a
-            device kind that has them) and returns a dict instead of a string.
-
-    Returns:
-        ``"native-cpu"``, ``"native-cuda"`` or ``"torch"`` (the extension is missing, lacks
-        kernels for the device, or ``MEMGAS_BACKEND=torch``). With ``detail``:
-        ``{"backend": <that string>, "kernels": {op: "passed" | "failed: why" |
-        "not checked"}}``.
-    """
-    kind = _device_type(device)
-    env = _env_backend()
-    name = "torch" if env == "torch" or not native_available(kind) else f"native-{kind}"
-    if not detail:
-        return name
-    kernels = {}
-    for op in sorted(_SELF_CHECKS):
-        if name != "torch" and kind in _CHECK_KINDS:
-            _self_checked(op, device if device is not None else kind)
-        kernels[op] = _STATUS.get((op, kind), "not checked")
-    return {"backend": name, "kernels": kernels}
 
 
 def n_threads() -> int:

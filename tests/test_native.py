@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from memgas_gpu import _native, backend
+from memgas_gpu.ops.gmm1d import first_centre_table
 from memgas_gpu.ops import (association_edges, build_association_graph, gmm1d_accept,
                             memgas_session_scores,
                             personalized_pagerank, symmetric_csr)
@@ -136,6 +137,33 @@ def _random_graph(n, per_block, deg, seed, isolated=0.1):
 
 
 @native
+@pytest.mark.parametrize("m", [30, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_row_code_run_on_the_cpu_equals_torch(m, dtype):
+    """The CUDA kernel's instances of the row code (M = 32 / 128, EM responsibilities
+    recomputed instead of kept, no per-thread arrays), compiled for the CPU
+    (gmm1d_cpu(cuda_layout=True)): the same masks as the CPU kernel and the torch op."""
+    g = torch.Generator().manual_seed(m)
+    rows = torch.from_numpy(gmm_rows(2000, m=m, seed=m + 7)).to(dtype)
+    xs = rows.sort(dim=1, descending=True).values
+    n = torch.where(torch.rand(len(xs), generator=g) < 0.3,
+                    torch.randint(0, m + 1, (len(xs),), generator=g), torch.full((len(xs),), m))
+    valid = torch.arange(m)[None, :] < n[:, None]
+    xs = torch.where(valid, xs, torch.zeros_like(xs))
+    table = torch.tensor(first_centre_table(m), dtype=torch.int64)
+    params = (float(torch.finfo(dtype).eps), 1e-3, 1e-6, 100, 1e-4, 300)
+    masks = []
+    for cuda_layout in (True, False):
+        out = torch.empty(len(xs), m, dtype=torch.uint8)
+        _native.C.gmm1d_cpu(xs.data_ptr(), dtype == torch.float64, n.data_ptr(),
+                            table.data_ptr(), out.data_ptr(), len(xs), m, params, 1,
+                            cuda_layout=cuda_layout)
+        masks.append(out.bool())
+    ref = gmm1d_accept(xs, valid, backend="torch")  # rows sorted: positions unchanged
+    assert torch.equal(masks[0], ref) and torch.equal(masks[1], ref)
+
+
+@native
 @pytest.mark.parametrize("Q", [1, 3, 16, 37])
 @pytest.mark.parametrize("use_blocks", [False, True])
 def test_ppr_matches_torch(Q, use_blocks):
@@ -211,20 +239,22 @@ def test_ppr_one_node_graphs():
 @native
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 def test_ppr_validates_graph(device):
-    """Bad graphs raise before the kernel reads through them (the CUDA kernel checks on
-    the device: indptr[0], monotonic indptr, column range, block ids)."""
-    def run(ip, ix, reset=torch.ones(2), blocks=None):
+    """Bad graphs raise before the kernel reads through them (the wrapper checks on the
+    values as given; the kernels check again: the CPU one on the host, the CUDA one on
+    the device)."""
+    def run(ip, ix, reset=torch.ones(2), blocks=None, backend="native"):
         t = lambda x: None if x is None else torch.tensor(x).to(device)  # noqa: E731
         return personalized_pagerank(t(ip), t(ix), reset.to(device), blocks=t(blocks),
-                                     backend="native")
+                                     backend=backend)
 
-    for ip, ix, match in (([0, 1, 2], [1, 5], "column index out of range"),
-                          ([0, 1, 2], [1, -1], "column index out of range"),
+    for ip, ix, match in (([0, 1, 2], [1, 5], "column index 5 out of range"),
+                          ([0, 1, 2], [1, -1], "column index -1 out of range"),
                           ([0, 1, 2], [1], "indices has 1 entries"),
                           ([1, 1, 2], [0, 1], "indptr\\[0\\] must be 0"),
                           ([0, 2, 1], [1], "indptr decreases")):
-        with pytest.raises(ValueError, match=match):
-            run(ip, ix)
+        for be in ("native", "torch"):
+            with pytest.raises(ValueError, match=match):
+                run(ip, ix, backend=be)
     with pytest.raises(ValueError, match="block id out of range"):
         run([0, 1, 2], [1, 0], blocks=[0, -1])
     assert torch.equal(run([0, 1, 2], [1, 0], blocks=[0, 0]).cpu(),
@@ -283,6 +313,18 @@ def test_gpu_check_dry_run():
         pytest.skip("the dry run compares the native CPU kernels with torch")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "| gmm1d masks identical" in out.stdout and "FAIL" not in out.stdout
+
+
+@native
+def test_gpu_kernels_dry_run():
+    """benchmarks/gpu_kernels.py (the kernel timings of gpu_suite.sh) on the CPU."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kernels.py"),
+                          "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == [
+        "| gmm1d kernel, m=30", "| gmm1d kernel, m=100", "| ppr kernel, to convergence",
+        "| ppr kernel, 100 iterations"]
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
-"""Native-call safety (issue 14): strided inputs, the arguments the CUDA wrappers build,
-and the CUDA self-check with its fallback, tested on the CPU with stand-in native
-modules (a delegating one that reads the raw pointers back, a wrong one, a failing one).
+"""Native-call safety: strided inputs, the arguments the CUDA wrappers build, the CUDA
+self-check with its fallback, and the error policy (out of memory, device faults,
+errors left by earlier work), tested on the CPU with stand-in native modules (a
+delegating one that reads the raw pointers back, a wrong one, a failing one).
 """
 from __future__ import annotations
 
@@ -112,19 +113,23 @@ class _StandIn:
 
     has_cuda = True
 
-    def __init__(self, corrupt_ppr=False, raise_ppr=None):
+    def __init__(self, corrupt_ppr=False, raise_ppr=None, times=None):
         self.calls = []
-        self.corrupt_ppr = corrupt_ppr
+        self.corrupt_ppr = corrupt_ppr  # True, or a predicate of the call's arguments
         self.raise_ppr = raise_ppr
+        self.times = times  # raise only on the first `times` calls (None: always)
+        self.ppr_calls = 0
 
     def __getattr__(self, name):
         return getattr(REAL_C, name)
 
     def ppr_cpu(self, *args):
-        if self.raise_ppr is not None:
+        self.ppr_calls += 1
+        if self.raise_ppr is not None and (self.times is None or self.ppr_calls <= self.times):
             raise self.raise_ppr
         REAL_C.ppr_cpu(*args)
-        if self.corrupt_ppr:  # a wrong kernel: every score off by 1e-6
+        corrupt = self.corrupt_ppr(*args) if callable(self.corrupt_ppr) else self.corrupt_ppr
+        if corrupt:  # a wrong kernel: every score off by 1e-6
             n, Q, out = args[3], args[5], args[11]
             buf = (ctypes.c_double * (n * Q)).from_address(out)
             for k in range(n * Q):
@@ -139,6 +144,15 @@ class _StandIn:
                 "blocks": _read(blk, ctypes.c_int64, n) if blk else None}
         self.calls.append(("ppr_cuda", args, seen))
         self.ppr_cpu(*args[:12], 1)
+
+    def gmm1d_cpu(self, *args, **kwargs):
+        REAL_C.gmm1d_cpu(*args, **kwargs)
+        B, m, out = args[5], args[6], args[4]
+        buf = (ctypes.c_uint8 * (B * m)).from_address(out)
+        for row, point in self.flip_gmm:  # a kernel that decides these points otherwise
+            buf[row * m + point] ^= 1
+
+    flip_gmm = ()
 
     def gmm1d_cuda(self, *args):
         xs, is_double, n, table, out, B, m = args[:7]
@@ -217,14 +231,16 @@ def test_self_check_wrong_kernel_falls_back_once(stand_in):
     stand_in(_StandIn(corrupt_ppr=True), check_cpu=True)
     indptr, indices, blocks, reset = _graph(n=200, per=50)
     ref = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="torch")
-    with pytest.warns(RuntimeWarning, match="kernel 'ppr' failed its check"):
+    with pytest.warns(RuntimeWarning, match="kernel 'ppr' failed"):
         got = personalized_pagerank(indptr, indices, reset, blocks=blocks)
     assert torch.equal(got, ref)  # the torch op from then on
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         assert torch.equal(personalized_pagerank(indptr, indices, reset, blocks=blocks), ref)
     info = backend("cpu", detail=True)
-    assert info["kernels"]["ppr"].startswith("failed: max |native - torch|")
+    assert info["kernels"]["ppr"].startswith("failed: self-check: int32 columns")
+    assert "max |native - torch| = 1e-06" in info["kernels"]["ppr"]
+    assert info["backend"] == "native-cpu (torch for ppr)"
     assert info["kernels"]["gmm1d"] == "passed"  # the real kernel behind the stand-in
     # an explicit backend="native" is not redirected
     wrong = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="native")
@@ -233,7 +249,9 @@ def test_self_check_wrong_kernel_falls_back_once(stand_in):
 
 @native
 def test_kernel_that_cannot_launch_falls_back(stand_in):
-    fake = _StandIn(raise_ppr=RuntimeError("no kernel image is available for execution"))
+    fake = _StandIn(raise_ppr=REAL_C.CudaUnavailable(
+        "ppr_cuda: step launch: cudaErrorNoKernelImageForDevice (no kernel image is "
+        "available for execution on the device)"))
     stand_in(fake, check_cpu=True)
     indptr, indices, blocks, reset = _graph(n=200, per=50)
     with pytest.warns(RuntimeWarning, match="no kernel image"):
@@ -244,14 +262,137 @@ def test_kernel_that_cannot_launch_falls_back(stand_in):
 
 
 @native
+def test_other_errors_are_not_the_kernels(stand_in):
+    """torch's own CUDA error while the wrapper prepares the call (an earlier fault
+    surfacing in a torch op) is raised unchanged: no fallback, the kernel stays on."""
+    err = RuntimeError("CUDA error: an illegal memory access was encountered")
+    stand_in(_StandIn(raise_ppr=err))
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="^CUDA error: an illegal memory access"):
+            personalized_pagerank(indptr, indices, reset)
+    assert _native.kernel_status("cpu", run_checks=False)["ppr"] == "not checked"
+
+
+@native
 def test_failure_after_a_passed_check_falls_back(stand_in):
     fake = _StandIn()
     stand_in(fake, check_cpu=True)
     indptr, indices, blocks, reset = _graph(n=200, per=50)
     personalized_pagerank(indptr, indices, reset)  # self-check passes
     assert backend("cpu", detail=True)["kernels"]["ppr"] == "passed"
-    fake.raise_ppr = RuntimeError("CUDA driver version is insufficient")
+    fake.raise_ppr = REAL_C.CudaUnavailable("ppr_cuda: entry: cudaErrorInsufficientDriver "
+                                            "(CUDA driver version is insufficient)")
     with pytest.warns(RuntimeWarning, match="insufficient"):
         got = personalized_pagerank(indptr, indices, reset)
     assert torch.equal(got, personalized_pagerank(indptr, indices, reset, backend="torch"))
     assert backend("cpu", detail=True)["kernels"]["ppr"].startswith("failed")
+
+
+# ------------------------------------------------------------ error policy ------------
+@native
+@pytest.mark.parametrize("oom", [torch.OutOfMemoryError("CUDA out of memory. Tried to "
+                                                        "allocate 2.00 GiB"),
+                                 "CudaOutOfMemory"])
+def test_out_of_memory_is_not_a_kernel_failure(stand_in, monkeypatch, oom):
+    """One out-of-memory: cached blocks freed, one retry, the kernel's result; two: raised
+    as torch.OutOfMemoryError. Either way the kernel stays enabled for the next call."""
+    from memgas_gpu.ops import _kernels
+
+    if isinstance(oom, str):
+        oom = getattr(REAL_C, oom)("ppr_cuda: memset: cudaErrorMemoryAllocation")
+    freed = []
+    monkeypatch.setattr(_kernels, "_free_cached", lambda device: freed.append(device))
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    ref = personalized_pagerank(indptr, indices, reset, blocks=blocks, backend="native")
+    fake = _StandIn(raise_ppr=oom, times=1)
+    stand_in(fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "kernel failed" warning
+        got = personalized_pagerank(indptr, indices, reset, blocks=blocks)
+    assert torch.equal(got, ref) and fake.ppr_calls == 2 and len(freed) == 1
+    fake.ppr_calls, fake.times = 0, 2
+    with pytest.raises(torch.OutOfMemoryError, match="ran out of memory .* again"):
+        personalized_pagerank(indptr, indices, reset, blocks=blocks)
+    assert fake.ppr_calls == 2 and len(freed) == 2
+    assert _native.kernel_status("cpu", run_checks=False)["ppr"] == "not checked"
+    fake.times = 0  # no more failures: the next call runs the kernel again
+    assert torch.equal(personalized_pagerank(indptr, indices, reset, blocks=blocks), ref)
+    assert fake.ppr_calls == 3
+
+
+@native
+@pytest.mark.parametrize("cls, message, match, state", [
+    ("CudaFault", "ppr_cuda: sync: cudaErrorIllegalAddress (an illegal memory access was "
+     "encountered)", "device fault .*illegal memory access.* restart the process.*"
+     "CUDA_LAUNCH_BLOCKING=1", "failed: device fault"),
+    ("CudaPriorError", "ppr_cuda: error left by earlier CUDA work: cudaErrorIllegalAddress",
+     "before the native 'ppr' kernel ran, left by earlier work", "not checked"),
+], ids=["fault", "earlier-work"])
+def test_cuda_faults_are_raised_with_a_hint_not_a_fallback(stand_in, cls, message, match,
+                                                           state):
+    """A fault in the kernel: raised with the hint (the context is lost; no torch result);
+    an error left by earlier work: raised as not the kernel's, which stays enabled."""
+    stand_in(_StandIn(raise_ppr=getattr(REAL_C, cls)(message)))
+    indptr, indices, blocks, reset = _graph(n=200, per=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "using the torch op from now on"
+        with pytest.raises(RuntimeError, match=match):
+            personalized_pagerank(indptr, indices, reset)
+    assert _native.kernel_status("cpu", run_checks=False)["ppr"].startswith(state)
+
+
+# ------------------------------------------------------------ self-check coverage ------
+@native
+@pytest.mark.parametrize("wrong_when, named", [
+    (lambda *a: a[2], "int64 columns"),           # only the int64-index instantiation
+    (lambda *a: a[10] % 2 == 1, "max_iter=7"),    # only odd iteration counts
+    (lambda *a: a[6] != 0, "blocks, max_iter"),   # only with blocks
+], ids=["int64-only", "odd-only", "blocks-only"])
+def test_self_check_covers_index_width_odd_counts_and_blocks(stand_in, wrong_when, named):
+    stand_in(_StandIn(corrupt_ppr=wrong_when), check_cpu=True)
+    with pytest.warns(RuntimeWarning, match="kernel 'ppr' failed"):
+        info = backend("cpu", detail=True)
+    assert info["kernels"]["ppr"].startswith("failed: self-check") and named in \
+        info["kernels"]["ppr"], info
+    assert info["backend"] == "native-cpu (torch for ppr)"
+
+
+def test_self_check_state_is_per_device_index(monkeypatch):
+    monkeypatch.setattr(_native, "_STATUS", {})
+    assert _native.device_key("cuda:1") == "cuda:1" and _native.device_key("cpu") == "cpu"
+    with pytest.warns(RuntimeWarning, match="cuda:1 kernel 'ppr' failed"):
+        _native.disable("ppr", "cuda:1", "self-check: max |native - torch| = 1")
+    assert _native.kernel_status("cuda:1", run_checks=False)["ppr"].startswith("failed")
+    assert _native.kernel_status("cuda:0", run_checks=False)["ppr"] == "not checked"
+
+
+def test_self_checks_registered_whatever_is_imported_first():
+    """backend(detail=True) must not depend on whether memgas_gpu.ops was imported."""
+    code = ("import memgas_gpu._native as n; print(sorted(n._SELF_CHECKS)); "
+            "from memgas_gpu import backend; print(sorted(backend('cpu', detail=True)"
+            "['kernels']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["['gmm1d', 'ppr']", "['gmm1d', 'ppr']"]
+
+
+@native
+@pytest.mark.parametrize("flips, passes", [([(5, 3)], True),
+                                           ([(5, 3), (6, 3)], False),
+                                           ([(5, 3), (5, 4)], False)],
+                         ids=["one-point", "two-rows", "two-points"])
+def test_gmm1d_self_check_tolerates_one_boundary_point_only(stand_in, flips, passes):
+    """A point on the decision boundary may go either way when torch sums in another
+    order: one differing point passes; a second row or point is a wrong kernel."""
+    fake = _StandIn()
+    fake.flip_gmm = tuple(flips)
+    stand_in(fake, check_cpu=True)
+    if passes:
+        assert backend("cpu", detail=True)["kernels"]["gmm1d"] == "passed"
+    else:
+        with pytest.warns(RuntimeWarning, match="kernel 'gmm1d' failed"):
+            state = backend("cpu", detail=True)["kernels"]["gmm1d"]
+        assert state.startswith("failed: self-check: m=30")

@@ -117,3 +117,59 @@ def test_cuda_matches_cpu():
     R = torch.from_numpy(_resets(2000, 64, iso, 3))
     torch.testing.assert_close(personalized_pagerank(indptr.cuda(), indices.cuda(), R.cuda()).cpu(),
                                personalized_pagerank(indptr, indices, R), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_column_index_past_int32_refused_by_every_path(device):
+    """A column 2**32 + 5 in a 1,000-node int64 graph would wrap to 5 if narrowed to
+    int32 before the check: every path refuses it, naming the value."""
+    from memgas_gpu import _native
+
+    n = 1000
+    ring = torch.arange(n)
+    indptr, indices = symmetric_csr(torch.stack([ring, (ring + 1) % n]), n)
+    bad = indices.clone()
+    bad[7] = 2 ** 32 + 5
+    reset = torch.zeros(2, n, dtype=torch.float64)
+    reset[:, 3] = 1.0
+    backends = ["torch"] + (["native"] if _native.native_available(device) else [])
+    for backend in backends + ["auto"]:
+        with pytest.raises(ValueError, match=r"column index 4294967301 out of range \[0, 1000\)"):
+            personalized_pagerank(indptr.to(device), bad.to(device), reset.to(device),
+                                  backend=backend)
+        with pytest.raises(ValueError, match=r"column index -3 out of range"):
+            neg = indices.clone()
+            neg[0] = -3
+            personalized_pagerank(indptr.to(device), neg.to(device), reset.to(device),
+                                  backend=backend)
+    if _native.C is not None and device == "cpu":  # the CPU kernel's own check (int64 read)
+        out = torch.empty(n, 2, dtype=torch.float64)
+        r = reset.T.contiguous()
+        with pytest.raises(ValueError, match="column index out of range"):
+            _native.C.ppr_cpu(indptr.data_ptr(), bad.data_ptr(), True, n, r.data_ptr(), 2, 0, 1,
+                              0.1, 1e-10, 10, out.data_ptr(), 1)
+
+
+def test_quiet_sparse_warnings_silences_only_the_sparse_notices():
+    """torch's own notices (warned once per process, so replayed here by text) are
+    silenced inside the helper; any other warning still shows."""
+    import warnings
+
+    from memgas_gpu.ops import quiet_sparse_warnings
+
+    notices = ["Sparse CSR tensor support is in beta state. If you miss a functionality "
+               "in the sparse tensor support, please submit a feature request",
+               "Sparse BSR tensor support is in beta state.",
+               "Sparse invariant checks are implicitly disabled. Memory errors (e.g. "
+               "SEGFAULT) will occur when operating on a sparse tensor which violates "
+               "the invariants"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_sparse_warnings():
+            for text in notices + ["another notice"]:
+                warnings.warn(text, UserWarning)
+            A = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([1, 0]),
+                                        torch.ones(2), size=(2, 2))
+        warnings.warn(notices[0], UserWarning)  # outside: shown
+    assert [str(w.message) for w in seen] == ["another notice", notices[0]]
+    assert torch.equal(A.to_dense(), torch.tensor([[0.0, 1.0], [1.0, 0.0]]))

@@ -30,16 +30,14 @@ inline void insert(T v, int64_t j, T* val, int64_t* idx, int& cnt, int k) {
   if (cnt < k) ++cnt;
 }
 
-template <typename T>
+template <typename T, int M>
 void run(const T* sims, int64_t R, int64_t W, const int64_t* ncand, int64_t m, bool gmm,
          const int64_t* first_centre, const GmmParams& p, int64_t* out_idx,
          uint8_t* out_acc, int n_threads) {
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(n_threads)
   for (int64_t r = 0; r < R; ++r) {
-    T val[kGmmMaxM], xc[kGmmMaxM];
-    int64_t idx[kGmmMaxM];
-    double x64[kGmmMaxM], r1[kGmmMaxM];
-    uint8_t lab[kGmmMaxM];
+    T val[M];
+    int64_t idx[M];
     const T* row = sims + r * W;
     const int64_t nc = ncand[r];
     const int k = (int)(nc < m ? nc : m);
@@ -66,8 +64,7 @@ void run(const T* sims, int64_t R, int64_t W, const int64_t* ncand, int64_t m, b
     while (s < cnt && val[s] == INFINITY) ++s;  // +inf: selected, never accepted
     const int nv = cnt - s;
     if (gmm)
-      gmm1d_row<T>(val + s, nv, (int)first_centre[nv < 2 ? 0 : nv], p, oa + s, xc, x64,
-                   r1, lab);
+      gmm1d_row<T, M, true>(val + s, nv, (int)first_centre[nv < 2 ? 0 : nv], p, oa + s);
     else
       for (int t = s; t < cnt; ++t) oa[t] = 1;
   }
@@ -83,12 +80,19 @@ void graph_topm_cpu(const void* sims, bool is_double, int64_t R, int64_t W,
     if (ncand[r] < 0 || ncand[r] > W)
       throw std::invalid_argument("graph_topm_cpu: ncand out of [0, W]");
   if (n_threads < 1) n_threads = 1;
-  if (is_double)
-    run(static_cast<const double*>(sims), R, W, ncand, m, gmm, first_centre, p, out_idx,
-        out_acc, n_threads);
+  // the GMM instances of gmm1d_cpu / gmm1d_cuda: M = 32 for up to 32 candidates
+  if (is_double && m <= 32)
+    run<double, 32>(static_cast<const double*>(sims), R, W, ncand, m, gmm, first_centre, p,
+                    out_idx, out_acc, n_threads);
+  else if (is_double)
+    run<double, kGmmMaxM>(static_cast<const double*>(sims), R, W, ncand, m, gmm,
+                          first_centre, p, out_idx, out_acc, n_threads);
+  else if (m <= 32)
+    run<float, 32>(static_cast<const float*>(sims), R, W, ncand, m, gmm, first_centre, p,
+                   out_idx, out_acc, n_threads);
   else
-    run(static_cast<const float*>(sims), R, W, ncand, m, gmm, first_centre, p, out_idx,
-        out_acc, n_threads);
+    run<float, kGmmMaxM>(static_cast<const float*>(sims), R, W, ncand, m, gmm,
+                         first_centre, p, out_idx, out_acc, n_threads);
 }
 
 }  // namespace memgas

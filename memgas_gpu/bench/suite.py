@@ -110,9 +110,9 @@ def machine_info(device: torch.device) -> dict:
         "device": str(device),
     }
     try:  # which kernels `auto` runs (the native extension is optional)
-        from .. import _native
+        from ..ops.selfcheck import backend
 
-        info["ops_backend"] = _native.backend(device)
+        info["ops_backend"] = backend(device)
     except Exception:  # older trees without memgas_gpu._native
         info["ops_backend"] = "torch"
     try:

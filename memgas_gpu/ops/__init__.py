@@ -10,6 +10,8 @@ from .query_layout import Layout, query_layout
 from .rank import rank_sessions
 from .router import ROUTER_MODES, entropy_router, router_weights
 from .scores import memgas_session_scores
+from .selfcheck import backend
+from .sparse import check_csr, quiet_sparse_warnings
 from .time_affinity import time_affinity
 from .topm import range_top_m
 
@@ -40,4 +42,7 @@ __all__ = [
     "Layout",
     "query_layout",
     "range_top_m",
+    "backend",
+    "quiet_sparse_warnings",
+    "check_csr",
 ]

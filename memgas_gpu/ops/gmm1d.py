@@ -56,7 +56,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _native
+from . import _kernels
 
 __all__ = ["gmm1d_accept", "first_centre_table"]
 
@@ -89,6 +89,11 @@ def first_centre_table(m: int) -> tuple:
         cdf = [c / last for c in cdf]
         out[n] = min(sum(1 for c in cdf if c <= _U_FIRST), n - 1)
     return tuple(out)
+
+
+def _centre_table(m: int, device: torch.device) -> Tensor:
+    """:func:`first_centre_table` as an int64 tensor on ``device``."""
+    return torch.tensor(first_centre_table(m), dtype=torch.int64, device=device)
 
 
 def _np_sum(a: Tensor, n: Tensor) -> Tensor:
@@ -153,8 +158,7 @@ def _kmeans_labels(x: Tensor, valid: Tensor, n: Tensor, max_iter: int, tol: floa
     xc = dev  # KMeans centres the data (X -= X.mean(axis=0)); same numbers as above
 
     # --- k-means++ seeding (distances upcast to float64, as scikit-learn does) -------
-    table = torch.tensor(first_centre_table(m), device=x.device)
-    idx0 = table[n]
+    idx0 = _centre_table(m, x.device)[n]
     x64 = xc.double()
     c0 = x64.gather(1, idx0[:, None])
     d2 = torch.where(valid, ((x64 - c0) ** 2).to(dt), zero)
@@ -302,17 +306,26 @@ def gmm1d_accept(
     pos = torch.arange(m, device=dev)[None, :]
     valid_s = pos < n[:, None]
     xs = torch.where(valid_s, xs, torch.zeros_like(xs))
-    if _use_native(dev, m, compute_dtype, backend):
-        try:
-            acc_sorted = _gmm1d_native(xs, n, eps, tol, reg_covar, max_iter, kmeans_tol,
-                                       kmeans_max_iter)
-            out = torch.zeros(B, m, dtype=torch.bool, device=dev)
-            out.scatter_(1, order, acc_sorted)
-            return out
-        except RuntimeError as exc:  # cannot launch (no kernel image, old driver, ...)
-            if backend != "auto":
-                raise
-            _native.native_failed("gmm1d", dev, exc)
+    params = (float(eps), float(tol), float(reg_covar), int(max_iter), float(kmeans_tol),
+              int(kmeans_max_iter))
+    acc_sorted = _kernels.dispatch(
+        "gmm1d", dev, backend,
+        native=lambda: _kernels.gmm1d(xs, n, _centre_table(m, dev), params),
+        fallback=lambda: _fit_sorted(xs, n, params, compute_dtype),
+        covered=m <= _kernels.GMM_MAX_M and compute_dtype == torch.float64,
+        uncovered=f"needs m <= {_kernels.GMM_MAX_M} and compute_dtype=float64")
+    out = torch.zeros(B, m, dtype=torch.bool, device=dev)
+    out.scatter_(1, order, acc_sorted)
+    return out
+
+
+def _fit_sorted(xs: Tensor, n: Tensor, params, compute_dtype: torch.dtype) -> Tensor:
+    """The torch op on rows sorted descending (zeros past ``n``): sorted accept mask."""
+    eps, tol, reg_covar, max_iter, kmeans_tol, kmeans_max_iter = params
+    B, m = xs.shape
+    dev = xs.device
+    pos = torch.arange(m, device=dev)[None, :]
+    valid_s = pos < n[:, None]
     small = n < 2
     if bool(small.any()):  # give degenerate rows two dummy points; overridden below
         n = torch.where(small, torch.full_like(n, min(2, m)), n)
@@ -351,67 +364,4 @@ def gmm1d_accept(
     means = params[1]
     high1 = means[1] > means[0]  # argmax(means_), first on ties
     acc_sorted = (label1 == high1[:, None]) & valid_s
-    acc_sorted = torch.where(small[:, None], valid_s, acc_sorted)
-    out = torch.zeros(B, m, dtype=torch.bool, device=dev)
-    out.scatter_(1, order, acc_sorted)
-    return out
-
-
-def _use_native(dev: torch.device, m: int, compute_dtype: torch.dtype, backend: str) -> bool:
-    """Whether the native kernel runs (it covers m <= 128 and float64 EM)."""
-    if _native.resolve("gmm1d", dev, backend) != "native":
-        return False
-    ok = m <= 128 and compute_dtype == torch.float64
-    if not ok and backend == "native":
-        raise ValueError("the native gmm1d kernel needs m <= 128 and compute_dtype=float64")
-    return ok
-
-
-def _gmm1d_native(xs: Tensor, n: Tensor, eps: float, tol: float, reg_covar: float,
-                  max_iter: int, kmeans_tol: float, kmeans_max_iter: int) -> Tensor:
-    """Native fit of rows sorted descending (zeros past ``n``): sorted accept mask."""
-    B, m = xs.shape
-    # every tensor whose pointer goes to the kernel stays bound until the call returns
-    xs = xs.contiguous()
-    n = n.to(torch.int64).contiguous()
-    table = torch.tensor(first_centre_table(m), dtype=torch.int64, device=xs.device)
-    out = torch.empty(B, m, dtype=torch.uint8, device=xs.device)
-    params = (float(eps), float(tol), float(reg_covar), int(max_iter), float(kmeans_tol),
-              int(kmeans_max_iter))
-    args = (xs.data_ptr(), xs.dtype == torch.float64, n.data_ptr(), table.data_ptr(),
-            out.data_ptr(), B, m, params)
-    if _native.on_cuda(xs):
-        err = torch.zeros(1, dtype=torch.int32, device=xs.device)  # row-length check
-        with _native.cuda_stream(xs.device) as stream:
-            _native.C.gmm1d_cuda(*args, err.data_ptr(), stream)
-    else:
-        _native.C.gmm1d_cpu(*args, _native.n_threads())
-    return out.bool()
-
-
-def _self_check(device: torch.device) -> Optional[str]:
-    """The native kernel against the torch op on fixed rows (see memgas_gpu._native):
-    similarity-like rows of 30 points (the m <= 32 kernel) and 40 points (the other),
-    float32 and float64, with ties, a constant row and short rows."""
-    g = torch.Generator().manual_seed(14)
-    bad = []
-    for m in (30, 40):
-        hi = 0.6 + 0.1 * torch.rand(24, m // 3, generator=g)
-        lo = 0.2 + 0.15 * torch.rand(24, m - m // 3, generator=g)
-        rows = torch.cat([hi, lo], dim=1)
-        rows = rows[:, torch.randperm(m, generator=g)]
-        rows[0] = 0.5  # constant
-        rows[1] = torch.randint(0, 3, (m,), generator=g).float() / 3  # ties
-        valid = torch.arange(m)[None, :] < torch.randint(0, m + 1, (24, 1), generator=g)
-        for dt in (torch.float32, torch.float64):
-            x = rows.to(dtype=dt, device=device)
-            v = valid.to(device)
-            a = gmm1d_accept(x, v, backend="native")
-            b = gmm1d_accept(x, v, backend="torch")
-            if not torch.equal(a, b):
-                bad.append(f"m={m} {dt}: {int((a != b).any(1).sum())} rows differ")
-    return "; ".join(bad) or None
-
-
-_native.register_self_check("gmm1d", _self_check)
-
+    return torch.where(small[:, None], valid_s, acc_sorted)

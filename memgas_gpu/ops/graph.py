@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import _native
+from . import _kernels
 from .gmm1d import first_centre_table, gmm1d_accept
 
 __all__ = ["association_edges", "build_association_graph", "symmetric_csr", "node_layout"]
@@ -128,7 +128,7 @@ def association_edges(
         gmm_batch: candidate rows per batched GMM call (default 2**16).
         backend: ``"auto"`` (default), ``"native"`` or ``"torch"``. On the CPU the native
             path fuses top-``m`` selection and the GMM per node (same edges; see
-            :func:`_association_edges_native`); on CUDA only the GMM is native.
+            ``_edges_native``); on CUDA only the GMM is native.
 
     Returns:
         ``[2, E]`` int64 edges ``(v, j)`` with ``j`` in an earlier session, on
@@ -147,83 +147,125 @@ def association_edges(
     empty = torch.zeros(2, 0, dtype=torch.int64, device=dev)
     if n == 0:
         return empty
-    dt = torch.float64 if node_emb.dtype == torch.float64 else torch.float32
-    emb = node_emb.to(dt)
+    emb = node_emb.to(torch.float64 if node_emb.dtype == torch.float64 else torch.float32)
     session_start, conv_start, rank = node_layout(session_of_node.to(dev),
                                                   None if conversation_of_node is None
                                                   else conversation_of_node.to(dev))
-    idx = torch.arange(n, device=dev)
-    eligible = (rank >= skip_sessions) & (session_start > conv_start) & (idx >= first_node)
+    eligible = ((rank >= skip_sessions) & (session_start > conv_start)
+                & (torch.arange(n, device=dev) >= first_node))
     if not bool(eligible.any()):
         return empty
-    # host-side plan: one sync, then a loop over conversations and node chunks
-    conv_first = torch.nonzero(idx == conv_start).flatten()
-    conv_end = torch.cat([conv_first[1:], torch.tensor([n], device=dev)])
-    elig_any = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(
-        0, conv_start, eligible.to(torch.int64))[conv_first]
-    first_elig = torch.full((n,), n, dtype=torch.int64, device=dev).scatter_reduce_(
-        0, conv_start, torch.where(eligible, idx, torch.full_like(idx, n)), "amin")[conv_first]
-    plan = torch.stack([conv_first, conv_end, first_elig, elig_any]).T.tolist()
-    ss_host = session_start.cpu()
-    if dev.type == "cpu" and m <= 128 and _native.resolve("graph", dev, backend) == "native":
-        return _association_edges_native(emb, session_start, ss_host, plan, m, accept,
-                                         first_node, max_elements, batch_size)
+    plan = _ChunkPlan(session_start, conv_start, eligible, first_node, max_elements,
+                      batch_size)
+    edges = _kernels.dispatch(
+        "graph", dev, backend,
+        native=lambda: _edges_native(emb, session_start, plan, m, accept),
+        fallback=lambda: _edges_torch(emb, session_start, plan, m, accept, gmm_batch,
+                                      backend),
+        covered=dev.type == "cpu" and m <= _kernels.GMM_MAX_M)  # else torch + GMM kernel
+    return edges if edges is not None else empty
 
-    buf_rows: List[Tensor] = []
-    buf_cand: List[Tensor] = []
-    buf_vals: List[Tensor] = []
-    buf_valid: List[Tensor] = []
-    out: List[Tensor] = []
-    pos = torch.arange(m, device=dev)
 
-    def flush():
-        if not buf_rows:
+class _ChunkPlan:
+    """Chunks of eligible nodes for the similarity products: one host sync, then
+    ``(c0, a, b, width)`` per chunk: rows ``[a, b)`` of the conversation starting at
+    node ``c0``, whose candidates are the ``width`` nodes from ``c0`` on (all sessions
+    before row ``b - 1``'s).
+
+    Within a conversation the eligible nodes are a suffix (ranks are non-decreasing),
+    so each conversation is cut from its first eligible node to its end, in chunks of
+    at most ``max_elements`` similarity entries (and ``batch_size`` rows).
+    """
+
+    def __init__(self, session_start: Tensor, conv_start: Tensor, eligible: Tensor,
+                 first_node: int, max_elements: int, batch_size: Optional[int]) -> None:
+        n = session_start.numel()
+        dev = session_start.device
+        idx = torch.arange(n, device=dev)
+        conv_first = torch.nonzero(idx == conv_start).flatten()
+        conv_end = torch.cat([conv_first[1:], torch.tensor([n], device=dev)])
+        elig_any = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(
+            0, conv_start, eligible.to(torch.int64))[conv_first]
+        first_elig = torch.full((n,), n, dtype=torch.int64, device=dev).scatter_reduce_(
+            0, conv_start, torch.where(eligible, idx, torch.full_like(idx, n)),
+            "amin")[conv_first]
+        self.convs = [(c0, c1, max(e0, first_node)) for c0, c1, e0, k in
+                      torch.stack([conv_first, conv_end, first_elig, elig_any]).T.tolist()
+                      if k > 0]
+        self.ss_host = session_start.cpu()
+        self.max_elements = max_elements
+        self.batch_size = batch_size
+
+    def chunks(self, max_rows: Optional[int] = None, min_rows: int = 0):
+        """Yield ``(c0, a, b, width)``; ``max_rows`` caps the rows per chunk and a last
+        chunk of fewer than ``min_rows`` rows joins the one before while the pair stays
+        within twice ``max_elements``."""
+        ss = self.ss_host
+        for c0, c1, a in self.convs:
+            while a < c1:
+                width = int(ss[c1 - 1]) - c0  # widest candidate prefix
+                rows = min(c1 - a, self.max_elements // max(width, 1))
+                if max_rows is not None:
+                    rows = min(rows, max_rows)
+                if self.batch_size is not None:
+                    rows = min(rows, self.batch_size)
+                b = a + max(1, rows)
+                if c1 - b < min_rows and (c1 - a) * width <= 2 * self.max_elements:
+                    b = c1
+                yield c0, a, b, int(ss[b - 1]) - c0  # session starts are non-decreasing
+                a = b
+
+
+class _CandidateBuffer:
+    """Top-``m`` candidate rows of many chunks, sent to one batched GMM call per
+    ``gmm_batch`` rows (the torch path)."""
+
+    def __init__(self, accept: str, gmm_batch: int, backend: str) -> None:
+        self.accept, self.gmm_batch, self.backend = accept, gmm_batch, backend
+        self.parts: List[Tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.rows = 0
+        self.edges: List[Tensor] = []
+
+    def add(self, rows: Tensor, cand: Tensor, vals: Tensor, valid: Tensor) -> None:
+        self.parts.append((rows, cand, vals, valid))
+        self.rows += rows.numel()
+        if self.rows >= self.gmm_batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.parts:
             return
-        vals = torch.cat(buf_vals)
-        valid = torch.cat(buf_valid)
-        acc = gmm1d_accept(vals, valid, backend=backend) if accept == "gmm" else valid
-        rows = torch.cat(buf_rows)[:, None].expand_as(acc)
-        cand = torch.cat(buf_cand)
-        out.append(torch.stack([rows[acc], cand[acc]]))
-        buf_rows.clear(), buf_cand.clear(), buf_vals.clear(), buf_valid.clear()
+        rows, cand, vals, valid = (torch.cat(t) for t in zip(*self.parts))
+        acc = (gmm1d_accept(vals, valid, backend=self.backend) if self.accept == "gmm"
+               else valid)
+        self.edges.append(torch.stack([rows[:, None].expand_as(acc)[acc], cand[acc]]))
+        self.parts.clear()
+        self.rows = 0
 
-    n_buf = 0
-    for c0, c1, e0, n_elig in plan:
-        if n_elig == 0:
-            continue
-        # within a conversation eligible nodes are a suffix (ranks are non-decreasing)
-        a = max(e0, first_node)
-        while a < c1:
-            width = int(ss_host[c1 - 1]) - c0  # widest candidate prefix
-            rows_per_chunk = max(1, min(c1 - a, max_elements // max(width, 1)))
-            if batch_size is not None:
-                rows_per_chunk = max(1, min(rows_per_chunk, batch_size))
-            b = a + rows_per_chunk
-            ss = session_start[a:b] - c0  # number of candidates per row
-            width = int(ss_host[b - 1]) - c0  # session starts are non-decreasing
-            sims = emb[a:b] @ emb[c0:c0 + width].T
-            col = torch.arange(width, device=dev)
-            ok = (col[None, :] < ss[:, None]) & ~torch.isnan(sims)
-            sims = torch.where(ok, sims, torch.full_like(sims, float("-inf")))
-            k = min(m, width)
-            vals, cidx = torch.topk(sims, k, dim=1)
-            valid = (pos[None, :k] < ss[:, None]) & torch.isfinite(vals)
-            if k < m:
-                pad = m - k
-                vals = torch.cat([vals, vals.new_zeros(b - a, pad)], dim=1)
-                cidx = torch.cat([cidx, cidx.new_zeros(b - a, pad)], dim=1)
-                valid = torch.cat([valid, valid.new_zeros(b - a, pad)], dim=1)
-            buf_rows.append(idx[a:b])
-            buf_cand.append(cidx + c0)
-            buf_vals.append(vals)
-            buf_valid.append(valid)
-            n_buf += b - a
-            if n_buf >= gmm_batch:
-                flush()
-                n_buf = 0
-            a = b
-    flush()
-    return torch.cat(out, dim=1) if out else empty
+
+def _edges_torch(emb: Tensor, session_start: Tensor, plan: _ChunkPlan, m: int, accept: str,
+                 gmm_batch: int, backend: str) -> Optional[Tensor]:
+    """Matrix product, ``torch.topk`` and batched GMM per chunk (any device)."""
+    dev = emb.device
+    pos = torch.arange(m, device=dev)
+    buf = _CandidateBuffer(accept, gmm_batch, backend)
+    for c0, a, b, width in plan.chunks():
+        ss = session_start[a:b] - c0  # number of candidates per row
+        sims = emb[a:b] @ emb[c0:c0 + width].T
+        col = torch.arange(width, device=dev)
+        ok = (col[None, :] < ss[:, None]) & ~torch.isnan(sims)
+        sims = torch.where(ok, sims, torch.full_like(sims, float("-inf")))
+        k = min(m, width)
+        vals, cidx = torch.topk(sims, k, dim=1)
+        valid = (pos[None, :k] < ss[:, None]) & torch.isfinite(vals)
+        if k < m:
+            pad = m - k
+            vals = torch.cat([vals, vals.new_zeros(b - a, pad)], dim=1)
+            cidx = torch.cat([cidx, cidx.new_zeros(b - a, pad)], dim=1)
+            valid = torch.cat([valid, valid.new_zeros(b - a, pad)], dim=1)
+        buf.add(torch.arange(a, b, device=dev), cidx + c0, vals, valid)
+    buf.flush()
+    return torch.cat(buf.edges, dim=1) if buf.edges else None
 
 
 # Native chunks: rows per similarity block, and the fewest rows of a block: smaller
@@ -232,46 +274,25 @@ _NATIVE_ROWS = 256
 _NATIVE_MIN_ROWS = 64
 
 
-def _association_edges_native(emb: Tensor, session_start: Tensor, ss_host: Tensor, plan,
-                              m: int, accept: str, first_node: int, max_elements: int,
-                              batch_size: Optional[int]) -> Tensor:
-    """CPU path of :func:`association_edges`: BLAS similarities in row blocks, then one
-    native call per block selects the top ``m`` candidates of every row and fits its GMM
-    (one row per OpenMP thread). Blocks of about ``_NATIVE_ROWS`` rows keep the
-    similarity work close to the triangle (each row only needs earlier sessions) and the
-    block in cache for the selection. Same edges as the torch path, except that a tie at
-    the ``m``-th score keeps the lowest node id.
+def _edges_native(emb: Tensor, session_start: Tensor, plan: _ChunkPlan, m: int,
+                  accept: str) -> Optional[Tensor]:
+    """CPU path: BLAS similarities in row blocks, then one native call per block selects
+    the top ``m`` candidates of every row and fits its GMM (one row per OpenMP thread).
+    Blocks of about ``_NATIVE_ROWS`` rows keep the similarity work close to the triangle
+    (each row only needs earlier sessions) and the block in cache for the selection.
+    Same edges as the torch path, except that a tie at the ``m``-th score keeps the
+    lowest node id.
     """
-    dt = emb.dtype
     table = torch.tensor(first_centre_table(m), dtype=torch.int64)
-    params = (float(torch.finfo(dt).eps), 1e-3, 1e-6, 100, 1e-4, 300)
-    threads = _native.n_threads()
+    params = (float(torch.finfo(emb.dtype).eps), 1e-3, 1e-6, 100, 1e-4, 300)
     out: List[Tensor] = []
-    for c0, c1, e0, n_elig in plan:
-        if n_elig == 0:
-            continue
-        a = max(e0, first_node)
-        while a < c1:
-            width = int(ss_host[c1 - 1]) - c0
-            rows = max(1, min(_NATIVE_ROWS, max_elements // max(width, 1)))
-            if batch_size is not None:
-                rows = max(1, min(rows, batch_size))
-            b = min(c1, a + rows)
-            if c1 - b < _NATIVE_MIN_ROWS:  # no small last block
-                b = c1 if (c1 - a) * width <= 2 * max_elements else b
-            width = int(ss_host[b - 1]) - c0
-            sims = (emb[a:b] @ emb[c0:c0 + width].T).contiguous()
-            ncand = (session_start[a:b] - c0).contiguous()
-            idx = torch.empty(b - a, m, dtype=torch.int64)
-            acc = torch.empty(b - a, m, dtype=torch.uint8)
-            _native.C.graph_topm_cpu(sims.data_ptr(), dt == torch.float64, b - a, width,
-                                     ncand.data_ptr(), m, accept == "gmm", table.data_ptr(),
-                                     params, idx.data_ptr(), acc.data_ptr(), threads)
-            keep = acc.bool()
-            rows_ix = torch.arange(a, b)[:, None].expand(b - a, m)
-            out.append(torch.stack([rows_ix[keep], idx[keep] + c0]))
-            a = b
-    return torch.cat(out, dim=1) if out else torch.zeros(2, 0, dtype=torch.int64)
+    for c0, a, b, width in plan.chunks(_NATIVE_ROWS, _NATIVE_MIN_ROWS):
+        sims = emb[a:b] @ emb[c0:c0 + width].T
+        idx, keep = _kernels.graph_topm(sims, session_start[a:b] - c0, m, accept == "gmm",
+                                        table, params)
+        rows = torch.arange(a, b)[:, None].expand(b - a, m)
+        out.append(torch.stack([rows[keep], idx[keep] + c0]))
+    return torch.cat(out, dim=1) if out else None
 
 
 def build_association_graph(

@@ -15,13 +15,13 @@ are stored: the walk divides ``p`` by the degree before one sparse CSR product.
 """
 from __future__ import annotations
 
-import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import _native
+from . import _kernels
+from .sparse import check_csr, quiet_sparse_warnings
 
 __all__ = ["personalized_pagerank", "csr_adjacency"]
 
@@ -44,8 +44,7 @@ def csr_adjacency(indptr: Tensor, indices: Tensor, dtype: torch.dtype = torch.fl
     indices = indices.to(device=device, dtype=torch.int64)
     n = indptr.numel() - 1
     values = torch.ones(indices.numel(), dtype=dtype, device=device)
-    with warnings.catch_warnings():  # "sparse CSR support is in beta" is not news here
-        warnings.simplefilter("ignore", UserWarning)
+    with quiet_sparse_warnings():
         return torch.sparse_csr_tensor(indptr, indices, values, size=(n, n),
                                        check_invariants=False)
 
@@ -83,9 +82,9 @@ def personalized_pagerank(
     does not depend on what else is in the batch.
 
     Args:
-        indptr: ``[n + 1]`` int64 CSR row pointers of a symmetric graph (no self-loops
+        indptr: ``[n + 1]`` integer CSR row pointers of a symmetric graph (no self-loops
             expected; a self-loop counts once in the degree, as in the CSR).
-        indices: ``[nnz]`` int64 CSR column indices.
+        indices: ``[nnz]`` int64 (or int32) CSR column indices.
         reset: ``[Q, n]`` (or ``[n]``) non-negative reset weights. NaN and negative
             entries are treated as 0; each row (or each block of a row) is normalised to
             sum 1. An all-zero row (block) returns an all-zero row (block) instead of
@@ -102,11 +101,16 @@ def personalized_pagerank(
         backend: ``"auto"`` (default: the native kernel for float64 when built for the
             device), ``"native"`` or ``"torch"`` (see :mod:`memgas_gpu._native`). The
             native kernel runs the same iterations (one fused pass each, per-row
-            convergence) and agrees with the torch op to about 1e-15. ``indices`` may
-            be int32 there (half the memory traffic).
+            convergence) and agrees with the torch op to about 1e-15; it gathers
+            through int32 columns when the graph has fewer than 2**31 nodes.
 
     Returns:
         ``[Q, n]`` PageRank scores (``[n]`` if ``reset`` was 1-D), on ``reset``'s device.
+
+    Raises:
+        ValueError: a malformed graph (``indptr[0] != 0``, decreasing ``indptr``,
+            ``indptr[-1] != len(indices)``, a column outside ``[0, n)`` — checked on the
+            values as given, by every path), negative block ids, bad shapes.
     """
     squeeze = reset.dim() == 1
     if squeeze:
@@ -118,56 +122,71 @@ def personalized_pagerank(
     n = indptr.numel() - 1
     if reset.shape[1] != n:
         raise ValueError(f"reset has {reset.shape[1]} columns but the graph has {n} nodes")
-    indptr = indptr.to(device=dev, dtype=torch.int64)
-    native = _native.resolve("ppr", dev, backend) == "native"
-    if native and dtype != torch.float64:
-        if backend == "native":
-            raise ValueError("the native PPR kernel computes in float64")
-        native = False
-    # the native kernels gather through int32 column indices when they fit (half the
-    # index traffic); the torch op needs int64
-    small = native and n < 2 ** 31
-    indices = indices.to(device=dev, dtype=torch.int32 if small else torch.int64)
+    # int32 columns stay int32 (the kernels read them as they are); nothing is narrowed
+    # before the range check of the path that runs
+    indptr = indptr.to(device=dev)
+    indices = indices.to(device=dev)
+    blocks, n_blocks = _block_ids(blocks, n, dev)
+    r = _normalised_reset(reset, dtype, blocks, n_blocks)
+    if r.shape[1] == 0 or n == 0:
+        check_csr(indptr, indices, n)
+        p = r
+    else:
+        args = (indptr, indices, r, blocks, n_blocks, damping, tol, max_iter)
+        p = _kernels.dispatch("ppr", dev, backend,
+                              native=lambda: _kernels.ppr(*args),
+                              fallback=lambda: _power_iteration(*args),
+                              covered=dtype == torch.float64,
+                              uncovered="computes in float64")
+    return p[:, 0] if squeeze else p.T.contiguous()
 
-    # node-major layout [n, Q]: the CSR product needs no transposes
+
+def _block_ids(blocks: Optional[Tensor], n: int, dev: torch.device
+               ) -> Tuple[Optional[Tensor], int]:
+    """``(blocks as int64 on dev, number of blocks)``; ids must be >= 0."""
+    if blocks is None:
+        return None, 1
+    blocks = blocks.to(device=dev, dtype=torch.int64)
+    if blocks.shape != (n,):
+        raise ValueError(f"blocks must have shape ({n},), got {tuple(blocks.shape)}")
+    if n == 0:
+        return blocks, 1
+    lo, hi = (int(v) for v in torch.stack(torch.aminmax(blocks)).tolist())
+    if lo < 0:
+        raise ValueError(f"blocks: block id out of range ({lo} < 0)")
+    return blocks, hi + 1
+
+
+def _normalised_reset(reset: Tensor, dtype: torch.dtype, blocks: Optional[Tensor],
+                      n_blocks: int) -> Tensor:
+    """Node-major ``[n, Q]`` reset: NaN and negatives to 0, each (block, row) summing to
+    1 (all-zero ones stay zero). Node-major: the CSR product needs no transposes."""
     r = reset.to(dtype).T.contiguous()
     r = torch.where(torch.isnan(r) | (r < 0), torch.zeros_like(r), r)
-    n_blocks = 1
-    if blocks is not None:
-        blocks = blocks.to(device=dev, dtype=torch.int64)
-        if blocks.shape != (n,):
-            raise ValueError(f"blocks must have shape ({n},), got {tuple(blocks.shape)}")
-        if n > 0:
-            lo, hi = (int(v) for v in torch.stack(torch.aminmax(blocks)).tolist())
-            if lo < 0:
-                raise ValueError(f"blocks: block id out of range ({lo} < 0)")
-            n_blocks = hi + 1
     total = _block_sum(r, blocks, n_blocks)
-    r = r / _per_node(torch.where(total > 0, total, torch.ones_like(total)), blocks)
-    if r.shape[1] == 0 or n == 0:
-        out = r.T.contiguous()
-        return out[0] if squeeze else out
+    return r / _per_node(torch.where(total > 0, total, torch.ones_like(total)), blocks)
 
-    if native:
-        try:
-            out = _ppr_native(indptr, indices, r, blocks, n_blocks, damping, tol, max_iter)
-            return out[:, 0] if squeeze else out.T.contiguous()
-        except RuntimeError as exc:  # cannot launch (no kernel image, old driver, ...)
-            if backend != "auto":
-                raise
-            _native.native_failed("ppr", dev, exc)
-            indices = indices.to(torch.int64)
 
-    deg = (indptr[1:] - indptr[:-1]).to(dtype)
+def _power_iteration(indptr: Tensor, indices: Tensor, r: Tensor, blocks: Optional[Tensor],
+                     n_blocks: int, damping: float, tol: float, max_iter: int) -> Tensor:
+    """The torch op: power iteration on the prepared reset ``r [n, Q]``; node-major result.
+
+    Each (block, row) pair stops once its L1 change is below ``tol``: a converged pair
+    keeps its value while the others go on.
+    """
+    n = r.shape[0]
+    check_csr(indptr, indices, n)
+    indptr = indptr.to(torch.int64)
+    deg = (indptr[1:] - indptr[:-1]).to(r.dtype)
     inv_deg = torch.where(deg > 0, 1.0 / deg.clamp_min(1), torch.zeros_like(deg))[:, None]
     dang = torch.nonzero(deg == 0).flatten()
     dang_blocks = None if blocks is None else blocks[dang]
-    A = csr_adjacency(indptr, indices, dtype, dev)
+    A = csr_adjacency(indptr, indices, r.dtype, r.device)
     base = (1.0 - damping) * r
     dr = damping * r
 
     p = r.clone()
-    active = torch.ones_like(total, dtype=torch.bool)  # [B, Q]
+    active = torch.ones(n_blocks, r.shape[1], dtype=torch.bool, device=r.device)
     all_active = True
     for _ in range(max_iter):
         new = (A @ (p * inv_deg)).mul_(damping).add_(base)  # d A^T D^-1 p + (1-d) r
@@ -180,67 +199,4 @@ def personalized_pagerank(
         all_active = bool(active.all())
         if not all_active and not bool(active.any()):
             break
-    out = p.T.contiguous()
-    return out[0] if squeeze else out
-
-
-def _ppr_native(indptr: Tensor, indices: Tensor, r: Tensor, blocks: Optional[Tensor],
-                n_blocks: int, damping: float, tol: float, max_iter: int) -> Tensor:
-    """Native power iteration on the prepared node-major reset ``r [n, Q]``."""
-    n, Q = r.shape
-    # Every tensor whose pointer goes to the kernel is bound to a name until the call
-    # returns: ``t.contiguous().data_ptr()`` of a non-contiguous ``t`` would hand over
-    # the memory of a temporary that is freed (and on CUDA reused) before the kernel runs.
-    r = r.contiguous()
-    indptr = indptr.contiguous()
-    indices = indices.contiguous()
-    blk = blocks.contiguous() if blocks is not None else None
-    out = torch.empty_like(r)
-    if int(indptr[-1]) != indices.numel():
-        raise ValueError(f"indptr[-1] = {int(indptr[-1])} but indices has "
-                         f"{indices.numel()} entries")
-    args = (indptr.data_ptr(), indices.data_ptr(), indices.dtype == torch.int64, n,
-            r.data_ptr(), Q, 0 if blk is None else blk.data_ptr(), n_blocks,
-            float(damping), float(tol), int(max_iter), out.data_ptr())
-    if _native.on_cuda(r):
-        # scratch in torch's allocator; the kernel checks the graph on the device first
-        n_work, n_iwork = _native.C.ppr_cuda_workspace(n, Q, n_blocks)
-        work = torch.empty(n_work, dtype=torch.float64, device=r.device)
-        iwork = torch.empty(n_iwork, dtype=torch.int32, device=r.device)
-        with _native.cuda_stream(r.device) as stream:
-            _native.C.ppr_cuda(*args, work.data_ptr(), work.numel(), iwork.data_ptr(),
-                               iwork.numel(), stream)
-    else:
-        _native.C.ppr_cpu(*args, _native.n_threads())
-    return out
-
-
-def _self_check(device: torch.device) -> Optional[str]:
-    """The native kernel against the torch op on a small fixed graph (see _native)."""
-    g = torch.Generator().manual_seed(14)
-    n, per = 96, 24  # four blocks; nodes 0, 24, 48, 72 and every 7th node are isolated
-    blocks = torch.arange(n) // per
-    src = torch.randint(0, n, (4 * n,), generator=g)
-    dst = blocks[src] * per + torch.randint(0, per, (4 * n,), generator=g)
-    keep = (src % per != 0) & (dst % per != 0) & (src % 7 != 3) & (dst % 7 != 3)
-    src, dst = src[keep], dst[keep]
-    key = torch.unique(torch.cat([src * n + dst, dst * n + src]))
-    key = key[key // n != key % n]
-    indptr = torch.zeros(n + 1, dtype=torch.int64)
-    indptr[1:] = torch.bincount(key // n, minlength=n).cumsum(0)
-    indices = key % n
-    reset = torch.rand(5, n, generator=g, dtype=torch.float64)
-    reset[reset < 0.6] = 0
-    reset[2] = 0  # an empty row
-    worst = 0.0
-    for blk in (None, blocks):
-        args = [t.to(device) for t in (indptr, indices, reset)]
-        bk = None if blk is None else blk.to(device)
-        a = personalized_pagerank(*args, blocks=bk, backend="native")
-        b = personalized_pagerank(*args, blocks=bk, backend="torch")
-        worst = max(worst, float((a - b).abs().max()))
-    return None if worst <= 1e-12 else f"max |native - torch| = {worst:.3g} > 1e-12"
-
-
-_native.register_self_check("ppr", _self_check)
-
+    return p
