@@ -128,8 +128,8 @@ class PerSession:
 
     name = "offline, per session"
 
-    def config(self):
-        return {"method": self.name}
+    def config(self):  # extractive, as the offline source: signals="auto" picks alike
+        return {"method": "offline"}
 
     def generate(self, kind, sessions, conversations):
         from memgas_gpu.expand.offline import OfflineExtractor

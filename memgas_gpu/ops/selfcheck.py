@@ -4,8 +4,9 @@ Before ``backend="auto"`` first runs a native CUDA kernel on a device (each devi
 on its own), :mod:`memgas_gpu._native` runs that kernel's check here: the kernel and the
 torch op on small fixed problems on the same device. A mismatch (or a kernel that cannot
 launch) makes ``auto`` use the torch op for that kernel on that device, with one
-warning. ``memgas_gpu`` imports this module, so the checks are registered before any op
-runs, whatever is imported first.
+warning. ``memgas_gpu.ops`` (which every native call goes through) and
+``memgas_gpu.backend`` import this module, so the checks are registered before any op
+runs and before any report, whatever is imported first.
 
 * ``ppr``: a 96-node, 4-block graph with isolated nodes, 5 reset rows including an
   empty one; with and without blocks; to convergence and for exactly 7 and 8
