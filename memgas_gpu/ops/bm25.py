@@ -29,12 +29,13 @@ touched, with no sparse-matrix product and no per-call weight computation.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .sparse import quiet_sparse_warnings
 
 __all__ = ["BM25_METHODS", "bm25_weights", "bm25_scores", "bm25_dense", "BM25Postings",
            "bm25_postings", "bm25_gather"]
@@ -125,8 +126,7 @@ def bm25_scores(W: Tensor, col_key: Tensor, n_terms: int, q_indptr: Tensor, q_in
     QmT = torch.sparse_coo_tensor(torch.stack([pos[hit], qrow[hit]]),
                                   q_tf.to(device=dev, dtype=W.dtype)[hit],
                                   (W.shape[1], Q), check_invariants=False).coalesce()
-    with warnings.catch_warnings():  # torch routes COO @ COO through (beta) CSR kernels
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
+    with quiet_sparse_warnings():  # torch routes COO @ COO through (beta) CSR kernels
         return torch.sparse.mm(W, QmT).t().coalesce()
 
 

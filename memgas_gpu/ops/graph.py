@@ -19,9 +19,10 @@ at a time, never an all-conversations ``n x n`` matrix); candidate rows of all c
 and conversations are buffered and sent to one batched GMM call per ``gmm_batch`` rows.
 
 Ties: the reference orders candidates with ``np.argsort(sims)[::-1]``, whose order among
-equal similarities is implementation-defined; we use ``torch.topk``. Only candidate
-sets with a tie exactly at the ``m``-th score can differ (the GMM itself only sees
-values, so ties inside the top ``m`` are harmless).
+equal similarities is implementation-defined; ours keeps the earlier node (the torch path
+through :func:`~memgas_gpu.ops.topm.range_top_m`, the package's one top-m search, and
+the native kernel alike). Only candidate sets with a tie exactly at the ``m``-th score
+can differ (the GMM itself only sees values, so ties inside the top ``m`` are harmless).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from . import _kernels
 from .gmm1d import first_centre_table, gmm1d_accept
+from .topm import range_top_m
 
 __all__ = ["association_edges", "build_association_graph", "symmetric_csr", "node_layout"]
 
@@ -245,25 +247,16 @@ class _CandidateBuffer:
 
 def _edges_torch(emb: Tensor, session_start: Tensor, plan: _ChunkPlan, m: int, accept: str,
                  gmm_batch: int, backend: str) -> Optional[Tensor]:
-    """Matrix product, ``torch.topk`` and batched GMM per chunk (any device)."""
+    """Top ``m`` earlier nodes per row (:func:`~memgas_gpu.ops.topm.range_top_m`, ties to
+    the earlier node as the native kernel) and batched GMM per chunk (any device)."""
     dev = emb.device
-    pos = torch.arange(m, device=dev)
     buf = _CandidateBuffer(accept, gmm_batch, backend)
     for c0, a, b, width in plan.chunks():
         ss = session_start[a:b] - c0  # number of candidates per row
-        sims = emb[a:b] @ emb[c0:c0 + width].T
-        col = torch.arange(width, device=dev)
-        ok = (col[None, :] < ss[:, None]) & ~torch.isnan(sims)
-        sims = torch.where(ok, sims, torch.full_like(sims, float("-inf")))
-        k = min(m, width)
-        vals, cidx = torch.topk(sims, k, dim=1)
-        valid = (pos[None, :k] < ss[:, None]) & torch.isfinite(vals)
-        if k < m:
-            pad = m - k
-            vals = torch.cat([vals, vals.new_zeros(b - a, pad)], dim=1)
-            cidx = torch.cat([cidx, cidx.new_zeros(b - a, pad)], dim=1)
-            valid = torch.cat([valid, valid.new_zeros(b - a, pad)], dim=1)
-        buf.add(torch.arange(a, b, device=dev), cidx + c0, vals, valid)
+        vals, cidx, valid = range_top_m(emb[a:b], emb[c0:c0 + width],
+                                        torch.zeros_like(ss), ss, m, exact=False)
+        buf.add(torch.arange(a, b, device=dev), cidx + c0,
+                vals.masked_fill(~valid, 0.0), valid)
     buf.flush()
     return torch.cat(buf.edges, dim=1) if buf.edges else None
 
@@ -280,8 +273,8 @@ def _edges_native(emb: Tensor, session_start: Tensor, plan: _ChunkPlan, m: int,
     the top ``m`` candidates of every row and fits its GMM (one row per OpenMP thread).
     Blocks of about ``_NATIVE_ROWS`` rows keep the similarity work close to the triangle
     (each row only needs earlier sessions) and the block in cache for the selection.
-    Same edges as the torch path, except that a tie at the ``m``-th score keeps the
-    lowest node id.
+    Same edges as the torch path (a tie at the ``m``-th score keeps the lowest node id
+    in both).
     """
     table = torch.tensor(first_centre_table(m), dtype=torch.int64)
     params = (float(torch.finfo(emb.dtype).eps), 1e-3, 1e-6, 100, 1e-4, 300)

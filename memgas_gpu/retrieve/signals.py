@@ -40,6 +40,7 @@ from torch import Tensor
 
 from ..granularity import N_GRAN, expand_ranges, granularity
 from ..ops.query_layout import Layout, query_layout
+from ..ops.sparse import quiet_sparse_warnings
 
 __all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
            "compute_signals", "query_layout", "signal_nodes", "available", "has",
@@ -256,8 +257,6 @@ def _sampled_nodes(idx, qe: Tensor, lay: Layout, dt, dev) -> Tensor:
     """``[Q, G, N]`` dot products of each query with the nodes of its sessions, read from
     the distinct-session table by one ``sampled_addmm`` (node g of slot s is row
     ``G s + g`` of ``gran.reshape(-1, d)``)."""
-    import warnings
-
     Q, N = qe.shape[0], lay.n_max
     table = idx.gran.reshape(-1, idx.dim)
     slots = idx.row_slot[lay.rows]  # [Q, N]
@@ -267,8 +266,7 @@ def _sampled_nodes(idx, qe: Tensor, lay: Layout, dt, dev) -> Tensor:
     crow[1:] = torch.cumsum(ok.sum(1), 0)
     out = torch.zeros(Q, N, N_GRAN, dtype=dt, device=dev)
     if int(crow[-1]):
-        with warnings.catch_warnings():  # "sparse CSR support is in beta"
-            warnings.simplefilter("ignore", UserWarning)
+        with quiet_sparse_warnings():
             pat = torch.sparse_csr_tensor(crow.to(dev), col[ok].to(dev),
                                           torch.zeros(int(crow[-1]), dtype=dt, device=dev),
                                           (Q, table.shape[0]), check_invariants=False)
