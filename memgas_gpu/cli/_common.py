@@ -303,27 +303,32 @@ def ray_or_exit(address):
         raise click.UsageError(str(e)) from None
 
 
-def build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
-                summaries, keywords, store, m, skip_sessions, no_concat, device,
-                ray_address=None, workers=2, gpus_per_worker=0.0, conversations=None,
-                exclude_conversations=None, dataset=None, store_dtype=None, quiet=False):
+def build_index(data, dataset=None, quiet=False, **opts):
     """Load DATA (unless ``dataset`` is already loaded from it) and build a MemoryIndex
-    with the CLI's options; ``quiet`` (or an enclosing ``--quiet``) silences progress
+    with the CLI's options (the keywords of :func:`dataset_options` and
+    :func:`build_options`); ``quiet`` (or an enclosing ``--quiet``) silences progress
     and the stderr summary."""
     with quiet_scope(quiet):
-        return _build_index(data, fmt, empty_sessions, user_only, encoder, pooling,
-                            max_length, summaries, keywords, store, m, skip_sessions,
-                            no_concat, device, ray_address, workers, gpus_per_worker,
-                            conversations, exclude_conversations, dataset, store_dtype)
+        return _build_index(data, dataset, **opts)
 
 
-def _build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_length,
-                 summaries, keywords, store, m, skip_sessions, no_concat, device,
-                 ray_address, workers, gpus_per_worker, conversations,
-                 exclude_conversations, dataset, store_dtype):
+def build_params(summaries="offline", keywords="offline", m=30, skip_sessions=5,
+                 no_concat=False):
+    """The :class:`~memgas_gpu.retrieve.BuildParams` of the command-line options."""
+    from ..retrieve import BuildParams
+
+    return BuildParams(summaries=summaries, keywords=keywords, m=m,
+                       skip_sessions=skip_sessions, concat=not no_concat).check()
+
+
+def _build_index(data, dataset, *, fmt="auto", empty_sessions="error", user_only=False,
+                 conversations=None, exclude_conversations=None, encoder=None,
+                 pooling="mean", max_length=None, store=None, store_dtype=None,
+                 device=None, ray_address=None, workers=2, gpus_per_worker=0.0, **params):
     from ..encode import EmbeddingStore, Encoder
     from ..retrieve import MemoryIndex
 
+    p = build_params(**params)
     ds = dataset if dataset is not None else load(data, fmt, empty_sessions, user_only,
                                                   conversations, exclude_conversations)
     if ray_address:
@@ -339,17 +344,13 @@ def _build_index(data, fmt, empty_sessions, user_only, encoder, pooling, max_len
             kwargs["device"] = device
         info(f"indexing {len(ds)} conversations on Ray ({workers} encoder actors)")
         return build_index_ray(ds, kwargs, num_workers=workers, num_gpus=gpus_per_worker,
-                               store_dir=store, summaries=summaries, keywords=keywords, m=m,
-                               skip_sessions=skip_sessions, concat=not no_concat,
-                               device=device, progress=True)
+                               store_dir=store, params=p, device=device, progress=True)
     enc = Encoder(encoder, pooling=pooling, max_length=max_length, device=device)
     st = EmbeddingStore(store, enc.fingerprint, dtype=store_dtype) if store else None
     info(f"indexing {len(ds)} conversations, {len(ds.distinct_sessions())} distinct "
          f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
          f"on {enc.device}" + (f" (store {store}, {st.dtype})" if st is not None else ""))
-    return MemoryIndex.build(ds, enc, summaries=summaries, keywords=keywords, store=st,
-                             m=m, skip_sessions=skip_sessions, concat=not no_concat,
-                             device=device, progress=True)
+    return MemoryIndex.build(ds, enc, p, store=st, device=device, progress=True)
 
 
 def parse_ks(value: str) -> tuple:

@@ -240,7 +240,8 @@ def build_index_ray(dataset, encoder_kwargs: Optional[dict] = None, *, num_worke
         store_dir: optional embedding-store folder (on storage every node sees, for
             a cluster): shards are committed by the driver in plan order, so a killed
             driver resumes where it stopped.
-        **build_kwargs: the rest of :meth:`MemoryIndex.build`'s arguments.
+        **build_kwargs: the rest of :meth:`MemoryIndex.build`'s arguments (``params=``,
+            a :class:`~memgas_gpu.retrieve.BuildParams`, or its fields).
     """
     from ..encode import EmbeddingStore
     from ..retrieve import MemoryIndex

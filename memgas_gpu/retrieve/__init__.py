@@ -3,11 +3,12 @@ propagate → session scores); methods are named presets of :class:`ReadParams`.
 from .embed import SessionTable, embed_sessions, encode_unique
 from .engine import (DEFAULT_METHOD, HYBRID_EXTRACTIVE_SIGNALS, HYBRID_SIGNALS, METHODS,
                      PRESETS, NonFiniteScoresError, ReadParams, SettingsError, resolve)
-from .index import EncoderMismatchError, GraphParams, MemoryIndex
+from .index import BuildParams, EncoderMismatchError, GraphParams, MemoryIndex
 from .search import Retrieval, SearchResult, retrieve, search
 from .signals import SIGNALS, QueryBatch
 
 __all__ = ["SessionTable", "embed_sessions", "encode_unique", "DEFAULT_METHOD", "HYBRID_SIGNALS",
            "HYBRID_EXTRACTIVE_SIGNALS", "METHODS", "PRESETS", "NonFiniteScoresError", "ReadParams",
-           "SettingsError", "resolve", "EncoderMismatchError", "GraphParams", "MemoryIndex",
+           "SettingsError", "resolve", "EncoderMismatchError", "BuildParams", "GraphParams",
+           "MemoryIndex",
            "Retrieval", "SearchResult", "retrieve", "search", "SIGNALS", "QueryBatch"]

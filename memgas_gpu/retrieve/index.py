@@ -37,7 +37,7 @@ from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
 from .graphs import build_graph
-from .meta import ConversationMeta, GraphParams
+from .meta import BuildParams, ConversationMeta, GraphParams
 from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
                        with_segment)
 from .signals import stored_texts
@@ -45,7 +45,7 @@ from .store import SessionStore
 from .writes import append_session, check_session, grow_graph
 from .texts import TextTable
 
-__all__ = ["MemoryIndex", "GraphParams", "EncoderMismatchError"]
+__all__ = ["MemoryIndex", "BuildParams", "GraphParams", "EncoderMismatchError"]
 
 
 class EncoderMismatchError(MemgasError, ValueError):
@@ -129,12 +129,10 @@ class MemoryIndex:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def build(cls, dataset: Dataset, encoder: Any = None, *, summaries="offline",
-              keywords="offline", store: Any = None, m: int = 30, skip_sessions: int = 5,
-              concat: bool = True, device: Optional[str] = None,
-              progress: Optional[bool] = None, lexical: bool = True,
-              tokenizer: Any = None, graph_mapper=None,
-              keep_turns: bool = True, keep_text: bool = True) -> "MemoryIndex":
+    def build(cls, dataset: Dataset, encoder: Any = None, params: Optional[BuildParams] = None,
+              *, store: Any = None, device: Optional[str] = None,
+              progress: Optional[bool] = None, graph_mapper=None,
+              **settings) -> "MemoryIndex":
         """Expand, encode and link every conversation of ``dataset``.
 
         Args:
@@ -142,27 +140,20 @@ class MemoryIndex:
                 memory to grow with :meth:`add_session`).
             encoder: an :class:`~memgas_gpu.encode.Encoder` (default: the bundled
                 all-MiniLM-L6-v2 on ``device``).
-            summaries, keywords: sources (see :func:`~memgas_gpu.expand.expand_dataset`).
+            params: the write path's :class:`BuildParams` (default: the paper's settings;
+                stored with the index).
             store: optional :class:`~memgas_gpu.encode.EmbeddingStore` (resumable
                 on-disk embeddings shared across runs).
-            m: candidates per node for the GMM test (default 30).
-            skip_sessions: the first sessions of a conversation get no outgoing edges
-                (default 5).
-            concat: also embed ``"{summary} {keywords} {session}"`` (the reference's
-                "hybrid" text, for ``method="concat"``).
             device: where to build the graph (``None``: CUDA if available).
             progress: progress of each stage (:mod:`memgas_gpu.progress`: a bar on
                 a terminal, plain lines in a log); False: none.
             graph_mapper: how graph chunks run (see :func:`build_graph`; the Ray
                 backend passes parallel tasks).
-            lexical: also tokenise S, T, U, K and the questions for the BM25 signals
-                (``method="memgas_hybrid"``, ``"bm25"``); needs PyStemmer for stemming.
-            tokenizer: a :class:`memgas_gpu.lexical.Tokenizer` (default: lowercase,
-                Lucene English stopwords, Snowball English stemming).
-            keep_turns: keep every turn's embedding (for the ``dense_Tmax`` signal of
-                ``memgas_hybrid``; already computed for T, costs memory only).
-            keep_text: keep every turn's text (the evidence :meth:`search` returns).
+            **settings: :class:`BuildParams` fields replacing ``params``' (``summaries=``,
+                ``keywords=``, ``m=``, ``skip_sessions=``, ``concat=``, ``lexical=``,
+                ``keep_turns=``, ``keep_text=``, ``tokenizer=``).
         """
+        p = (params or BuildParams()).with_settings(**settings)
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be a memgas_gpu.Dataset, got "
                             f"{type(dataset).__name__}")
@@ -172,12 +163,12 @@ class MemoryIndex:
             encoder = Encoder(device=device)
         timings = {}
         t0 = time.perf_counter()
-        exp = expand_dataset(dataset, summaries=summaries, keywords=keywords,
+        exp = expand_dataset(dataset, summaries=p.summaries, keywords=p.keywords,
                              progress=progress)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         dense = stored_texts("dense")
-        if not concat:
+        if not p.concat:
             dense.pop("concat", None)
         table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, tables=dense,
                                           progress=progress)
@@ -186,12 +177,12 @@ class MemoryIndex:
                                        progress=progress)
         timings["encode_s"] = time.perf_counter() - t0
         lex = None
-        if lexical:
+        if p.lexical:
             from ..lexical import build_lexical
 
             t0 = time.perf_counter()
             lex = build_lexical(dataset, exp, table.sessions, [q.text for q in questions],
-                                tokenizer, extra=stored_texts("lexical"))
+                                p.tokenizer, extra=stored_texts("lexical"))
             timings["lexical_s"] = time.perf_counter() - t0
         slot = {s.key: i for i, s in enumerate(table.sessions)}
         row_slot = torch.tensor([slot[s.key] for c in dataset for s in c.sessions],
@@ -210,17 +201,18 @@ class MemoryIndex:
             "expansion": exp.config,
             "dataset": {"format": dataset.format, "source": dataset.source},
             "encoding": {"sessions_and_texts": enc_stats, "questions": q_stats},
+            "build": p.describe(),
         }
         d = table.gran.shape[-1]
         idx = cls(conversations=metas, questions=questions, conv_offsets=conv_offsets,
                   row_slot=row_slot, gran=table.gran, concat=None, tables=table.dense,
                   q_emb=q_emb if len(questions) else torch.zeros(0, d),
                   q_conv=q_conv, graphs={},
-                  params=GraphParams(m=m, skip_sessions=skip_sessions), config=config,
-                  lexical=lex, turns=table.turns if keep_turns else None,
+                  params=p.graph(), config=config,
+                  lexical=lex, turns=table.turns if p.keep_turns else None,
                   turn_ptr=table.turn_ptr,
                   turn_text=TextTable.from_strings(t for x in table.sessions for t in x.turns)
-                  if keep_text else None)
+                  if p.keep_text else None)
         if lex is not None:
             idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
@@ -535,6 +527,11 @@ class MemoryIndex:
     def keeps_text(self) -> bool:
         """Whether the index stores turn texts (evidence, the speaker cue)."""
         return self._state.tables.turn_text is not None
+
+    @property
+    def build_params(self) -> BuildParams:
+        """The write path's settings this index was built with (sources by name)."""
+        return BuildParams.from_record((self.config or {}).get("build"))
 
     @property
     def cache(self) -> dict:
