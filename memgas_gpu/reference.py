@@ -28,24 +28,23 @@ __all__ = [
 ]
 
 
-def _sklearn_gmm():
+def _require(module: str, package: str):
+    """``module``, or ImportError naming the package that provides it."""
+    import importlib
+
     try:
-        from sklearn.mixture import GaussianMixture
+        return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "memgas_gpu.reference needs scikit-learn: pip install -e \".[dev]\""
-        ) from exc
-    return GaussianMixture
+        raise ImportError(f"memgas_gpu.reference needs {package}: "
+                          "pip install -e \".[dev]\"") from exc
+
+
+def _sklearn_gmm():
+    return _require("sklearn.mixture", "scikit-learn").GaussianMixture
 
 
 def import_igraph():
-    try:
-        import igraph
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "memgas_gpu.reference needs python-igraph: pip install -e \".[dev]\""
-        ) from exc
-    return igraph
+    return _require("igraph", "python-igraph")
 
 
 def reference_gmm_accept(scores: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ def test_one_list_of_gam_methods():
 
     from memgas_gpu.cli.eval import eval_cmd
     from memgas_gpu.cli.gam import gam
-    from memgas_gpu.gam import FLAT_METHODS, GAM_METHODS, METHODS, SEGMENTATIONS, preset
+    from memgas_gpu.gam import FLAT_METHODS, GAM_METHODS, METHODS, preset
 
     assert GAM_METHODS == ("gam", "gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr")
     assert METHODS == GAM_METHODS + FLAT_METHODS

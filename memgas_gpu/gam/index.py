@@ -24,6 +24,7 @@ from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 from ..ops.query_layout import Layout, query_layout
 from ..ops.rank import rank_sessions
 from ..retrieve.embed import encode_unique
+from ..retrieve.search import Ranked
 from . import retrieve as R
 from .boundary import add_boundary_noise, segment
 from .events import EventTable, build_events, epg_links
@@ -47,23 +48,15 @@ class _Lexical:
 
 
 @dataclass
-class TurnRetrieval:
-    """Event rankings for a batch of questions.
+class TurnRetrieval(Ranked):
+    """Event rankings for a batch of questions (:class:`~memgas_gpu.retrieve.Ranked`
+    over the events of each question's conversation).
 
     Attributes:
-        method: the method name.
-        question_index: ``[Q]`` indices into ``index.questions``.
-        scores: ``[Q, W]`` event scores (``-inf`` past the conversation's end).
-        rankings: ``[Q, W]`` event positions within the question's conversation, best
-            first (``-1`` padding).
         n_events: ``[Q]`` events of each question's conversation.
         turn_ids: per question, the ``"session_id:message_index"`` of its events.
     """
 
-    method: str
-    question_index: Tensor
-    scores: Tensor
-    rankings: Tensor
     n_events: Tensor
     turn_ids: list = field(default_factory=list)
 

@@ -288,20 +288,13 @@ def _edges_native(emb: Tensor, session_start: Tensor, plan: _ChunkPlan, m: int,
     return torch.cat(out, dim=1) if out else None
 
 
-def build_association_graph(
-    node_emb: Tensor,
-    session_of_node: Tensor,
-    m: int = 30,
-    skip_sessions: int = 5,
-    conversation_of_node: Optional[Tensor] = None,
-    *,
-    accept: str = "gmm",
-    batch_size: Optional[int] = None,
-    max_elements: int = 1 << 24,
-    gmm_batch: int = 1 << 16,
-    backend: str = "auto",
-) -> Tuple[Tensor, Tensor]:
-    """MemGAS association graph as symmetric CSR.
+def build_association_graph(node_emb: Tensor, session_of_node: Tensor, m: int = 30,
+                            skip_sessions: int = 5,
+                            conversation_of_node: Optional[Tensor] = None,
+                            **options) -> Tuple[Tensor, Tensor]:
+    """MemGAS association graph as symmetric CSR: the edges of :func:`association_edges`
+    (same arguments; ``options``: ``accept``, ``batch_size``, ``max_elements``,
+    ``gmm_batch``, ``backend``), in both directions.
 
     Args:
         node_emb: ``[n, d]`` node embeddings.
@@ -310,19 +303,14 @@ def build_association_graph(
         skip_sessions: leading sessions without outgoing edges (default 5).
         conversation_of_node: optional ``[n]`` conversation id (contiguous runs); many
             conversations give one block-diagonal graph. Default: one conversation.
-        accept: ``"gmm"`` (default) or ``"all"`` (fixed top-``m`` edges, ``no_gmm``).
-        batch_size: optional cap on nodes per chunk (default: set by ``max_elements``).
-        max_elements: similarity entries per chunk (default 2**24).
-        gmm_batch: candidate rows per batched GMM call (default 2**16).
-        backend: ``"auto"`` (default), ``"native"`` or ``"torch"`` (see
-            :func:`association_edges`).
 
     Returns:
         ``(indptr [n + 1], indices [nnz])`` int64 symmetric CSR without self-loops or
         duplicates, indices sorted per row, on ``node_emb``'s device.
     """
+    if "first_node" in options:
+        raise TypeError("build_association_graph links every node: first_node is for "
+                        "association_edges (incremental writes)")
     edges = association_edges(node_emb, session_of_node, m, skip_sessions,
-                              conversation_of_node, accept=accept, batch_size=batch_size,
-                              max_elements=max_elements, gmm_batch=gmm_batch,
-                              backend=backend)
+                              conversation_of_node, **options)
     return symmetric_csr(edges, node_emb.shape[0])

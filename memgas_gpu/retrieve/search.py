@@ -14,29 +14,39 @@ from .. import ops
 from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
 from .signals import QueryBatch
 
-__all__ = ["METHODS", "PRESETS", "ReadParams", "Retrieval", "SearchResult", "retrieve",
-           "search", "question_batch", "best_turns"]
+__all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
+           "retrieve", "search", "question_batch", "best_turns"]
 
 
 @dataclass
-class Retrieval:
+class Ranked:
     """Rankings of one method for a batch of questions.
 
     Attributes:
         method: the method name.
         question_index: ``[Q]`` indices into ``index.questions``.
-        scores: ``[Q, N_max]`` session scores (``-inf`` past a conversation's end).
-        rankings: ``[Q, N_max]`` session positions within the question's
-            conversation, best first (``-1`` padding).
-        n_sessions: ``[Q]`` sessions in each question's conversation.
-        params: the settings used (signals resolved), and ``signals_rule`` when
-            ``signals="auto"`` chose them.
+        scores: ``[Q, W]`` scores of the items of each question's conversation (sessions,
+            or GAM's events; ``-inf`` past its end).
+        rankings: ``[Q, W]`` item positions within that conversation, best first (``-1``
+            padding).
     """
 
     method: str
     question_index: Tensor
     scores: Tensor
     rankings: Tensor
+
+
+@dataclass
+class Retrieval(Ranked):
+    """Session rankings of one method for a batch of questions (:class:`Ranked`).
+
+    Attributes:
+        n_sessions: ``[Q]`` sessions in each question's conversation.
+        params: the settings used (signals resolved), and ``signals_rule`` when
+            ``signals="auto"`` chose them.
+    """
+
     n_sessions: Tensor
     params: dict = field(default_factory=dict)
 

@@ -1,4 +1,5 @@
-"""Vocabularies for the synthetic chat grammar: shared slots and one entry per topic.
+"""Vocabularies for the synthetic chat grammar (``vocab.json`` beside this module):
+shared slots and one entry per topic.
 
 Every value is plain ASCII so the JSON output needs no escapes.  Topic slots:
 ``thing`` (noun phrases), ``ger`` (gerund phrases), ``place`` and ``qual``
@@ -8,155 +9,16 @@ are kept out of the filler vocabulary so evidence stays findable.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 __all__ = ["COMMON", "TOPICS", "TOPIC_NAMES"]
 
-COMMON: dict[str, list[str]] = {
-    "name": ["Maya", "Daniel", "Priya", "Lucas", "Sofia", "Omar", "Hannah", "Kenji", "Elena",
-             "Marcus", "Aisha", "Tom", "Grace", "Diego", "Nora", "Ravi", "Chloe", "Samuel",
-             "Leila", "Victor", "Ingrid", "Jonah", "Mei", "Felix"],
-    "relation": ["coworker", "neighbor", "friend", "cousin", "roommate", "manager",
-                 "partner", "classmate", "teammate"],
-    "city": ["Lisbon", "Denver", "Osaka", "Toronto", "Austin", "Edinburgh", "Melbourne",
-             "Seattle", "Prague", "Montreal", "Chicago", "Barcelona", "Vancouver", "Boston",
-             "Kyoto", "Dublin", "Portland", "Copenhagen", "Singapore", "Nashville"],
-    "weekday": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
-    "when": ["this morning", "yesterday", "last week", "over the weekend", "a few days ago",
-             "earlier today", "last night", "the other day", "this afternoon"],
-    "num": [str(n) for n in range(2, 13)],
-    "price": [str(n) for n in (15, 20, 25, 30, 40, 45, 50, 60, 75, 80, 90, 120, 150, 200, 250)],
-    "feel": ["a bit overwhelmed", "pretty excited", "kind of stuck", "really motivated",
-             "a little nervous", "curious", "tired but happy", "unsure where to start"],
-    "opener": ["Hi!", "Hey there.", "Good morning!", "Quick question.", "Thanks for the help earlier.",
-               "Hello again.", "So, here is the thing.", "Okay, one more thing."],
-    "ack": ["Great question!", "That sounds like a lot of fun.", "Happy to help.",
-            "That makes sense.", "Good thinking.", "I understand.", "Absolutely.",
-            "That is a common situation."],
-    "tip": ["start small and build a routine", "set a realistic weekly goal",
-            "keep notes so you can see your progress", "ask someone experienced for feedback",
-            "plan a little time for it every day", "compare a few options before you commit",
-            "take breaks so you do not burn out", "look for a local group or online community"],
-}
+with open(Path(__file__).with_name("vocab.json"), encoding="ascii") as _f:
+    _DATA = json.load(_f)
 
-TOPICS: dict[str, dict[str, list[str]]] = {
-    "hobbies": {
-        "thing": ["a watercolor set", "a beginner guitar", "a knitting kit", "a chess clock",
-                  "a pottery wheel", "a set of calligraphy pens", "a sketchbook", "a jigsaw puzzle",
-                  "a film camera", "a model train set"],
-        "ger": ["painting landscapes", "practicing chords", "knitting a scarf", "playing chess online",
-                "throwing clay bowls", "learning calligraphy", "sketching in the park",
-                "building model kits", "shooting film photos", "writing short stories"],
-        "place": ["the community center", "a local art studio", "the library", "my spare room",
-                  "a craft store downtown", "the park near my place"],
-        "qual": ["relaxing", "challenging", "rewarding", "creative", "messy", "meditative"],
-    },
-    "travel": {
-        "thing": ["a carry-on suitcase", "a rail pass", "travel insurance", "a packing list",
-                  "a neck pillow", "a city walking tour", "a guidebook", "a power adapter"],
-        "ger": ["planning a road trip", "booking flights", "packing light", "exploring old towns",
-                "trying street food", "visiting museums", "hiking along the coast",
-                "finding cheap hostels", "learning a few local phrases"],
-        "place": ["the airport", "the train station", "a small guesthouse", "the old town",
-                  "a mountain village", "the waterfront"],
-        "qual": ["scenic", "crowded", "affordable", "charming", "hectic", "peaceful"],
-    },
-    "cooking": {
-        "thing": ["a cast iron skillet", "a rice cooker", "fresh basil", "smoked paprika",
-                  "a stand mixer", "sourdough starter", "a chef's knife", "coconut milk",
-                  "a slow cooker", "homemade stock"],
-        "ger": ["baking bread", "meal prepping for the week", "making pasta from scratch",
-                "roasting vegetables", "trying new curry recipes", "grilling fish",
-                "making soup", "baking cookies with my kids", "experimenting with spices"],
-        "place": ["the farmers market", "my tiny kitchen", "the grocery store",
-                  "a cooking class", "the bakery on the corner"],
-        "qual": ["savory", "comforting", "spicy", "quick", "healthy", "hearty"],
-    },
-    "work": {
-        "thing": ["a project deadline", "a quarterly report", "a team meeting", "a performance review",
-                  "a new dashboard", "a client presentation", "a standing desk", "the sprint backlog"],
-        "ger": ["preparing slides", "writing status updates", "mentoring a new hire",
-                "organizing my inbox", "negotiating a raise", "leading stand-up meetings",
-                "working from home", "planning the next quarter"],
-        "place": ["the office", "a coworking space", "the conference room", "my home office",
-                  "a client site"],
-        "qual": ["busy", "stressful", "productive", "quiet", "demanding", "interesting"],
-    },
-    "health": {
-        "thing": ["a yoga mat", "a fitness tracker", "a water bottle", "resistance bands",
-                  "a foam roller", "a meal plan", "running shoes", "a sleep schedule"],
-        "ger": ["stretching in the morning", "going for long walks", "lifting weights",
-                "doing yoga", "cutting back on sugar", "swimming laps", "cycling to work",
-                "getting more sleep", "drinking more water"],
-        "place": ["the gym", "the pool", "a yoga studio", "the running track", "the clinic",
-                  "the trail by the river"],
-        "qual": ["energizing", "exhausting", "healthy", "steady", "sore", "refreshing"],
-    },
-    "pets": {
-        "thing": ["a new leash", "a scratching post", "grain-free food", "a chew toy",
-                  "a pet carrier", "a fish tank filter", "a dog bed", "flea medication"],
-        "ger": ["walking the puppy", "training tricks", "brushing fur", "cleaning the litter box",
-                "visiting the vet", "playing fetch", "looking after the goldfish",
-                "socializing with other pets"],
-        "place": ["the vet clinic", "the dog park", "the pet store", "the groomer",
-                  "our backyard"],
-        "qual": ["playful", "lazy", "curious", "shy", "energetic", "gentle"],
-    },
-    "shopping": {
-        "thing": ["a winter coat", "a pair of sneakers", "a coffee table", "a rug",
-                  "a robot vacuum", "noise cancelling headphones", "a backpack", "a desk lamp",
-                  "a birthday gift"],
-        "ger": ["comparing prices", "returning an order", "looking for discounts",
-                "shopping for furniture", "browsing thrift stores", "ordering groceries online",
-                "hunting for a birthday gift"],
-        "place": ["the mall", "an online store", "a thrift shop", "the outlet center",
-                  "a furniture showroom"],
-        "qual": ["cheap", "durable", "stylish", "overpriced", "practical", "cozy"],
-    },
-    "tech": {
-        "thing": ["my laptop", "the home router", "a password manager", "an external hard drive",
-                  "a spreadsheet formula", "my phone battery", "a Python script", "the printer",
-                  "a cloud backup"],
-        "ger": ["fixing the wifi", "backing up photos", "learning Python", "setting up a new phone",
-                "cleaning up old files", "building a website", "updating the drivers",
-                "automating spreadsheets"],
-        "place": ["the repair shop", "my desk", "the electronics store", "an online forum",
-                  "the help desk"],
-        "qual": ["slow", "buggy", "reliable", "confusing", "fast", "outdated"],
-    },
-    "finance": {
-        "thing": ["a savings goal", "a budgeting app", "my credit card bill", "an index fund",
-                  "an emergency fund", "a tax return", "a spending spreadsheet"],
-        "ger": ["tracking expenses", "saving for a trip", "paying off debt", "comparing bank accounts",
-                "planning a budget", "cutting subscriptions", "investing a little each month"],
-        "place": ["the bank", "my accountant's office", "a finance workshop", "the credit union"],
-        "qual": ["tight", "manageable", "confusing", "sensible", "ambitious", "risky"],
-    },
-    "garden": {
-        "thing": ["tomato seedlings", "a compost bin", "a watering can", "raised beds",
-                  "potting soil", "a pair of pruning shears", "herb planters"],
-        "ger": ["pulling weeds", "repotting succulents", "planting bulbs", "watering the herbs",
-                "building a trellis", "composting kitchen scraps", "pruning the roses"],
-        "place": ["the garden center", "the community garden", "the backyard", "the nursery"],
-        "qual": ["sunny", "shady", "overgrown", "lush", "dry", "thriving"],
-    },
-    "media": {
-        "thing": ["a mystery novel", "a documentary series", "a podcast about history",
-                  "a sci-fi movie", "an audiobook", "a graphic novel", "a cooking show"],
-        "ger": ["reading before bed", "binge watching a show", "listening to podcasts",
-                "going to the cinema", "rewatching old classics", "joining a film club"],
-        "place": ["the cinema", "the bookstore", "the couch", "a streaming service",
-                  "the public library"],
-        "qual": ["gripping", "slow", "funny", "thoughtful", "dark", "uplifting"],
-    },
-    "home": {
-        "thing": ["a leaky faucet", "new curtains", "a paint color", "a bookshelf",
-                  "the kitchen cabinets", "a smart thermostat", "floor tiles", "a power drill"],
-        "ger": ["repainting the hallway", "fixing a squeaky door", "organizing the closet",
-                "decluttering the garage", "hanging shelves", "replacing light fixtures",
-                "deep cleaning the kitchen"],
-        "place": ["the hardware store", "the living room", "the basement", "the garage",
-                  "the attic"],
-        "qual": ["tidy", "cramped", "bright", "drafty", "spacious", "cluttered"],
-    },
-}
-
+#: slots shared by every topic (names, cities, weekdays, ...)
+COMMON: dict[str, list[str]] = _DATA["common"]
+#: topic -> its slots ``thing``, ``ger``, ``place``, ``qual``
+TOPICS: dict[str, dict[str, list[str]]] = _DATA["topics"]
 TOPIC_NAMES: list[str] = sorted(TOPICS)

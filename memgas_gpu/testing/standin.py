@@ -34,42 +34,9 @@ SHAPES = {
     "conv-30": ("Jon", "Gina", 19, 105, "2:13 pm on 16 November, 2023"),
     "conv-41": ("John", "Maria", 32, 60, "5:24 pm on 7 January, 2024"),
 }
-# topic → (past verb, base verb, objects, places)
-TOPICS = {
-    "pottery": ("made", "make", ("a blue ceramic bowl", "a tall clay vase", "glazed mugs"),
-                ("pottery studio", "community art center")),
-    "hiking": ("climbed", "climb", ("the north ridge trail", "a rocky summit", "the pine hill"),
-               ("national park", "mountain lodge")),
-    "cooking": ("cooked", "cook", ("a spicy lentil curry", "mushroom risotto", "lemon chicken"),
-                ("cooking class", "neighbour's kitchen")),
-    "painting": ("painted", "paint", ("a sunrise over the lake", "a portrait of my dog",
-                                      "a field of sunflowers"), ("art school", "riverside park")),
-    "music": ("played", "play", ("an old jazz standard", "a violin duet", "a folk song"),
-              ("open mic night", "music festival")),
-    "running": ("ran", "run", ("a half marathon", "a charity five k", "the coastal relay"),
-                ("city stadium", "harbour promenade")),
-    "gardening": ("planted", "plant", ("cherry tomatoes", "a lavender hedge", "tulip bulbs"),
-                  ("allotment", "backyard greenhouse")),
-    "baking": ("baked", "bake", ("sourdough bread", "a carrot cake", "cinnamon rolls"),
-               ("bakery workshop", "farmers market")),
-    "cycling": ("rode", "ride", ("a vintage road bike", "the canal towpath", "a tandem bike"),
-                ("cycling club", "mountain trail centre")),
-    "volunteering": ("organised", "organise", ("a food drive", "a beach clean-up",
-                                                "a book swap"), ("shelter", "town hall")),
-    "chess": ("won", "win", ("a rapid chess tournament", "a blitz match", "a club trophy"),
-              ("chess club", "library basement")),
-    "swimming": ("swam", "swim", ("two kilometres", "across the bay", "a relay leg"),
-                 ("leisure centre", "open-water lake")),
-    "photography": ("photographed", "photograph", ("a heron at dawn", "the old lighthouse",
-                                                    "street musicians"),
-                    ("nature reserve", "old town square")),
-    "dancing": ("performed", "perform", ("a contemporary piece", "a salsa routine",
-                                          "a tap solo"), ("dance studio", "theatre")),
-    "woodworking": ("built", "build", ("a walnut bookshelf", "a bird house", "a garden bench"),
-                    ("workshop", "maker space")),
-    "birdwatching": ("spotted", "spot", ("a kingfisher", "a pair of owls", "a red kite"),
-                     ("wetland hide", "coastal marsh")),
-}
+# topic → (past verb, base verb, objects, places), from standin_topics.json beside this module
+with open(Path(__file__).with_name("standin_topics.json"), encoding="utf-8") as _f:
+    TOPICS = {k: (v[0], v[1], tuple(v[2]), tuple(v[3])) for k, v in json.load(_f).items()}
 _OPEN = ("Guess what?", "Big news!", "You won't believe it.", "So, this week", "Oh, and")
 _REACT = ("That sounds amazing,", "Wow, well done,", "How lovely,", "No way,", "Brilliant,")
 _ASK = ("How did you feel about {o}?", "Was {o} hard to do?", "Would you do {o} again?",
