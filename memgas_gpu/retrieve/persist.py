@@ -3,7 +3,7 @@
 See ``docs/index-format.md``. No pickle anywhere: tensors go to one safetensors
 file, everything else (conversation and question metadata, build configuration)
 to ``manifest.json``.  The folder layout and its atomic replacement are
-:mod:`.layout`'s; the validation of what is read, :mod:`.checks`'.
+:mod:`.storage`'s; the validation of what is read, :mod:`.checks`'.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from ..data.model import Question
 from .checks import IndexFormatError, check_manifest, check_tensors
-from .layout import FORMAT_NAME, FORMAT_VERSION, read_index_dir, write_index_dir
+from .storage import FORMAT_NAME, FORMAT_VERSION, read_index_dir, write_index_dir
 from .meta import ConversationMeta, GraphParams
 from .texts import TextTable
 
@@ -25,7 +25,7 @@ __all__ = ["save_index", "load_index", "FORMAT_VERSION", "IndexFormatError"]
 def save_index(index, path: Union[str, os.PathLike],
                dtype: torch.dtype = torch.float32) -> Path:
     """Write ``index`` to the folder ``path``; an index already there is replaced
-    atomically (readers see the old or the new one, never none; see :mod:`.layout`).
+    atomically (readers see the old or the new one, never none; see :mod:`.storage`).
 
     Raises:
         IndexFormatError: ``path`` is a file, or a folder that is not an index.
