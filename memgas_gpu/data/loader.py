@@ -13,7 +13,7 @@ from .locomo import flat_default_id, parse_locomo_record
 from .longmemeval import SessionInterner, iter_longmemeval
 from .longmtbench import parse_longmtbench_record
 from .model import Conversation, Dataset
-from .._io import find_surrogate
+from .._io import JSONLimitError, find_surrogate, json_loads
 from ._validate import RecordContext, one_line
 
 __all__ = ["load_dataset", "detect_format", "FORMATS"]
@@ -62,7 +62,9 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
     prefix = "item" if first == "[" else ""
     with _open_json(path) as f:
         try:
-            for pfx, event, value in ijson.parse(f):
+            # use_float: yajl parses integers itself (int64, "integer overflow" beyond);
+            # the default Decimal mode converts each in Python, unchecked (a crash)
+            for pfx, event, value in ijson.parse(f, use_float=True):
                 if event == "map_key" and pfx == prefix:
                     if value in _KEY_FORMAT:
                         fmt = _KEY_FORMAT[value]
@@ -83,7 +85,9 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
 def _load_json(path: Path):
     try:
         with open(path, "rb") as f:
-            return json.load(f)
+            return json_loads(f.read())
+    except JSONLimitError as e:
+        raise DataFormatError(str(path), f"invalid JSON: {e}") from None
     except json.JSONDecodeError as e:
         raise DataFormatError(str(path), f"invalid or truncated JSON: {e.msg} at line "
                               f"{e.lineno} column {e.colno}") from None
