@@ -1,15 +1,18 @@
-"""The index folder layout (version 2): complete versions behind a pointer, replaced
-atomically; see ``docs/index-format.md``.
+"""The index folder on disk (format version 2): complete versions behind a pointer,
+replaced atomically under a lock; see ``docs/index-format.md`` and ``docs/failure.md``.
 
 ``DIR/v-<hex>/`` holds one complete index (``manifest.json`` and
 ``tensors.safetensors``) and ``DIR/manifest.json`` is a small pointer naming the
-current one.  A writer builds a new version beside the old one under a lock
-(``DIR/.lock``), then replaces the pointer with one ``os.replace``, then removes the
-old version and any leftovers of killed writers; a reader follows the pointer and
-retries if a writer removed the version it was reading.  So a reader sees the
-complete old or the complete new index, never none, and concurrent writers queue.
-Folders of version 1 (the full manifest at the top) still load, and are converted
-when saved over.
+current one (and the SHA-256 of its manifest).  A writer takes the lock
+(``DIR/.lock``, never followed if it is a symbolic link; a holder that keeps it past a
+timeout is reported, not waited for forever), checks that the folder is still at the
+version it expects (optimistic concurrency: nothing is silently overwritten), builds
+the new version beside the old one, verifies what it wrote, replaces the pointer with
+one ``os.replace`` and only then removes the old version and what killed writers left.
+A reader follows the pointer and retries if a writer removed the version it was
+reading.  So a reader sees the complete old or the complete new index, never none.
+Folders of version 1 (the full manifest at the top) still load, and are converted when
+saved over.
 
 This module knows files, not index contents: :mod:`.persist` builds the tensors and
 the manifest, :mod:`.checks` validates what :func:`read_index_dir` returns.
@@ -17,27 +20,75 @@ the manifest, :mod:`.checks` validates what :func:`read_index_dir` returns.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import stat
+import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple, Optional
 
-from .._io import atomic_write, find_surrogate
+from .._io import JSONLimitError, atomic_write, find_surrogate, json_loads
+from ..errors import MemgasError
 from .checks import IndexFormatError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "write_index_dir", "read_index_dir"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "LOCK_TIMEOUT",
+           "LEGACY_VERSION", "FolderVersion", "StoredIndex", "IndexConflictError",
+           "IndexLockError", "current_version", "write_index_dir", "read_index_dir"]
 
 FORMAT_NAME = "memgas_gpu.index"
 #: 2: versioned subfolders behind a pointer manifest; 1: one folder (still read)
 FORMAT_VERSION = 2
+#: largest version manifest read or written (conversation and question metadata: a
+#: LongMemEval-M index needs about 20 MB); a larger file is refused before it is read
+MAX_MANIFEST_BYTES = 256 << 20
+#: seconds a save waits for another writer's lock before it stops, naming the holder
+LOCK_TIMEOUT = 120.0
+#: the version name of a version-1 folder (no pointer, no versions)
+LEGACY_VERSION = "v1-folder"
 _VERSION_DIR = re.compile(r"^v-[0-9a-f]{32}$")
 _TMP_PREFIX = ".tmp-"
 _LOCK = ".lock"
+#: the temporary file :func:`memgas_gpu._io.atomic_write` makes for the pointer
+_POINTER_TMP = re.compile(r"^\.manifest\.json\.[a-z0-9_]{8}\.tmp$")
 _READ_TRIES = 20
-#: names a version-2 folder may hold besides ``v-*`` and ``.tmp-*`` entries
+#: names a version-2 folder may hold besides ``v-*``, ``.tmp-*`` and pointer temporaries
 _OWN = {"manifest.json", "tensors.safetensors", _LOCK}
+
+
+class IndexConflictError(MemgasError):
+    """The folder holds another version than the one the index was loaded from or last
+    saved to: another process saved there meanwhile (nothing was written)."""
+
+
+class IndexLockError(MemgasError):
+    """Another writer held the folder's lock past the timeout (nothing was written)."""
+
+
+class FolderVersion(NamedTuple):
+    """Where an index was loaded from or last saved to: the folder (absolute, symbolic
+    links resolved) and the version it was at (``"v-<32 hex>"``, or
+    :data:`LEGACY_VERSION` for a version-1 folder)."""
+
+    folder: str
+    version: str
+
+
+class StoredIndex(NamedTuple):
+    """What :func:`read_index_dir` read: the manifest (its file and value), the
+    tensors, the folder version, and whether the manifest differs from the digest the
+    pointer recorded when it was written (reported after its contents are checked)."""
+
+    manifest_file: Path
+    manifest: dict
+    tensors: dict
+    folder_version: FolderVersion
+    manifest_changed: bool
 
 
 def _umask() -> int:
@@ -55,116 +106,254 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _is_own(name: str) -> bool:
+    return (name in _OWN or bool(_VERSION_DIR.match(name)) or name.startswith(_TMP_PREFIX)
+            or bool(_POINTER_TMP.match(name)))
+
+
+# ---------------------------------------------------------------------------- the lock
+def _process_state(pid: int) -> str:
+    """What ``/proc`` says of ``pid``: its command and whether it runs."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except FileNotFoundError:
+        return "no longer running: another process inherited its lock"
+    except OSError:
+        return "state unknown"
+    comm = raw[raw.find("(") + 1:raw.rfind(")")][:32]
+    state = raw[raw.rfind(")") + 2:][:1]
+    what = {"T": "stopped (resume it with kill -CONT, or end it)",
+            "t": "stopped by a debugger", "Z": "exited (a zombie)", "X": "exited"}
+    return f"{comm}, {what.get(state, 'running')}"
+
+
+def _holder(fd: int) -> str:
+    """The holder a lock file names (``PID HOST``, written by the holder)."""
+    try:
+        words = os.pread(fd, 256, 0).decode("ascii", "replace").split()
+    except OSError:
+        words = []
+    if not words or not words[0].isdigit() or len(words[0]) > 10:
+        return "another writer (it has not written its process id)"
+    pid, host = int(words[0]), (words[1][:64] if len(words) > 1 else "")
+    if host and host != socket.gethostname():
+        return f"process {pid} on host {host!r}"
+    return f"process {pid} ({_process_state(pid)})"
+
+
 @contextlib.contextmanager
-def _locked(path: Path):
-    """Hold an exclusive lock on ``path/.lock`` (writers queue; readers never lock)."""
+def _locked(path: Path, timeout: float):
+    """Hold an exclusive lock on ``path/.lock`` (writers queue; readers never lock).
+
+    The lock file is opened without following a symbolic link and must be a regular
+    file; the holder writes ``PID HOST`` into it so that a writer that gives up after
+    ``timeout`` seconds can name it.
+    """
     import fcntl
 
-    fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # the umask applies
+    lock = path / _LOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(lock, flags, 0o666)  # the umask applies
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise IndexFormatError(f"{lock}: a symbolic link; a lock file is never "
+                                   "followed (remove it)") from None
+        raise
+    held = False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IndexFormatError(f"{lock}: not a regular file (remove it)")
+        deadline = time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise IndexLockError(
+                        f"{lock}: held by {_holder(fd)} for more than {timeout:g} s; "
+                        "nothing was written") from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.2)
+        held = True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
+        if held:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         os.close(fd)  # releases the lock
 
 
+# ------------------------------------------------------------------------- writing
 def _check_target(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise IndexFormatError(f"{path}: exists and is not a folder; not replaced")
     if path.is_dir() and not (path / "manifest.json").exists():
-        foreign = [p.name for p in path.iterdir() if p.name not in _OWN and not
-                   _VERSION_DIR.match(p.name) and not p.name.startswith(_TMP_PREFIX)]
+        foreign = [p.name for p in path.iterdir() if not _is_own(p.name)]
         if foreign:
             raise IndexFormatError(f"{path}: a folder that is not an index (holds "
                                    f"{foreign[0]!r}); not replaced")
 
 
-def _clean(path: Path, keep: str) -> None:
-    """Remove every version but ``keep``, unfinished builds, version-1 files and the
-    leftovers of the version-1 writer (``.DIR.old``, ``.DIR.*.tmp`` beside DIR).
-    Called with the lock held."""
+def _remove_leftovers(path: Path, keep: Optional[str] = None) -> None:
+    """Remove what killed writers left in ``path`` (unfinished builds, pointer
+    temporaries) and, when ``keep`` is given, every version but ``keep``.  Called with
+    the lock held: no other writer is working in ``path`` then."""
     for p in path.iterdir():
-        if p.is_dir() and p.name != keep and (_VERSION_DIR.match(p.name)
-                                              or p.name.startswith(_TMP_PREFIX)):
+        name = p.name
+        if _POINTER_TMP.match(name):
+            with contextlib.suppress(OSError):
+                p.unlink()
+        elif name.startswith(_TMP_PREFIX) or (keep is not None and name != keep
+                                              and _VERSION_DIR.match(name)):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _clean(path: Path, keep: str) -> None:
+    """Remove every version but ``keep``, leftovers of killed writers, version-1 files
+    and the leftovers of the version-1 writer (``.DIR.old`` and ``.DIR.<8 random>.tmp``
+    beside DIR, matched by exact name: no glob, so ``idx[1]`` never matches ``idx1``).
+    Called with the lock held."""
+    _remove_leftovers(path, keep)
     with contextlib.suppress(FileNotFoundError):
         (path / "tensors.safetensors").unlink()  # a version-1 folder, now converted
-    for p in path.parent.glob(f".{path.name}.*"):
-        if p.is_dir() and (p.name == f".{path.name}.old" or p.name.endswith(".tmp")):
+    sibling = re.compile(re.escape(f".{path.name}.") + r"(old|[a-z0-9_]{8}\.tmp)")
+    for p in path.parent.iterdir():
+        if sibling.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
 
 
-def write_index_dir(path: Path, tensors: dict, manifest: dict) -> Path:
+def _verify_written(folder: Path, manifest_bytes: bytes, tensors: dict) -> None:
+    """The files of a new version hold what was meant: the manifest byte for byte, the
+    tensor file every tensor with its dtype and shape (its header, and its size)."""
+    from safetensors import safe_open
+
+    got = (folder / "manifest.json").read_bytes()
+    if got != manifest_bytes:
+        raise IndexFormatError(f"{folder / 'manifest.json'}: reads back differently "
+                               "than written; not made current")
+    tf = folder / "tensors.safetensors"
+    with safe_open(str(tf), framework="pt") as f:
+        names = set(f.keys())
+        bad = names ^ set(tensors)
+        for name in sorted(names & set(tensors)):
+            s = f.get_slice(name)
+            if list(s.get_shape()) != list(tensors[name].shape):
+                bad.add(name)
+    if bad:
+        raise IndexFormatError(f"{tf}: tensor {sorted(bad)[0]!r} reads back differently "
+                               "than written; not made current")
+
+
+def write_index_dir(path: Path, tensors: dict, manifest: dict, *,
+                    expect: Optional[str] = None,
+                    lock_timeout: float = LOCK_TIMEOUT) -> str:
     """Write ``tensors`` (safetensors) and ``manifest`` (strict JSON) as a new version
-    of the index folder ``path`` and make it the current one atomically.
+    of the index folder ``path``, make it the current one atomically and return its
+    name.
+
+    Args:
+        expect: the version the folder must still be at (the one the index was loaded
+            from); None: replace whatever is there.  A folder without an index is
+            always written.
+        lock_timeout: seconds to wait for another writer's lock.
 
     Raises:
-        IndexFormatError: ``path`` is a file, or a folder that is not an index.
+        IndexFormatError: ``path`` is a file, a folder that is not an index, its lock
+            file is a symbolic link, or the manifest is larger than
+            :data:`MAX_MANIFEST_BYTES`.
+        IndexConflictError: the folder is at another version than ``expect``.
+        IndexLockError: the lock stayed held for ``lock_timeout`` seconds.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
+    data = json.dumps(manifest, ensure_ascii=False, indent=1, allow_nan=False).encode()
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise IndexFormatError(f"{path}: the manifest would take {len(data)} bytes, more "
+                               f"than the {MAX_MANIFEST_BYTES} a reader accepts; not saved")
     _check_target(path)
     path.mkdir(parents=True, exist_ok=True)
     mode = 0o666 & ~_umask()
-    with _locked(path):
-        for p in path.iterdir():  # unfinished builds of killed writers
-            if p.name.startswith(_TMP_PREFIX):
-                shutil.rmtree(p, ignore_errors=True)
+    with _locked(path, lock_timeout):
+        _remove_leftovers(path)
+        if expect is not None:
+            now = current_version(path)
+            if now is not None and now != expect:
+                raise IndexConflictError(
+                    f"{path}: another writer saved version {now} here since this index was "
+                    f"loaded from or saved to version {expect}; nothing was written (load "
+                    "the folder again and redo the changes, or save with force=True to "
+                    "replace it)")
         name = f"v-{uuid.uuid4().hex}"
         tmp = path / f"{_TMP_PREFIX}{name}"
         tmp.mkdir(mode=0o777 & ~_umask())
         try:
-            save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
-                      str(tmp / "tensors.safetensors"), metadata={"format": FORMAT_NAME})
-            with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-                json.dump(manifest, f, ensure_ascii=False, indent=1, allow_nan=False)
+            save_file(tensors, str(tmp / "tensors.safetensors"),
+                      metadata={"format": FORMAT_NAME})
+            (tmp / "manifest.json").write_bytes(data)
             for p in tmp.iterdir():  # one mode for every file of the index (the umask)
                 os.chmod(p, mode)
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
             _fsync_dir(tmp)
+            _verify_written(tmp, data, tensors)
             os.replace(tmp, path / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         _fsync_dir(path)
         with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name},
-                      f, indent=1)
+            json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
+                       "manifest_sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
         _fsync_dir(path)
         _clean(path, keep=name)
-    return path
+    return name
 
 
-def _read_json(mf: Path):
-    if not mf.is_file():
-        raise FileNotFoundError(mf) if not mf.exists() else \
-            IndexFormatError(f"{mf}: not a regular file")
+# ------------------------------------------------------------------------- reading
+def _read_json(mf: Path, cap: int):
+    """The JSON value of ``mf`` (at most ``cap`` bytes, strict numbers) and its bytes."""
+    fd = os.open(mf, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IndexFormatError(f"{mf}: not a regular file")
+        raw = f.read(cap + 1) if st.st_size <= cap else b""
+    if st.st_size > cap or len(raw) > cap:
+        raise IndexFormatError(f"{mf}: {max(st.st_size, len(raw))} bytes, more than the "
+                               f"{cap} a manifest may hold; not read")
     try:
-        m = json.loads(mf.read_bytes().decode("utf-8"))
+        m = json_loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise IndexFormatError(f"{mf}: not UTF-8 text ({e.reason})") from None
     except json.JSONDecodeError as e:
         raise IndexFormatError(f"{mf}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    except JSONLimitError as e:
+        raise IndexFormatError(f"{mf}: invalid JSON ({e})") from None
     except RecursionError:
         raise IndexFormatError(f"{mf}: JSON nested too deeply") from None
     bad = find_surrogate(m)
     if bad is not None:
         raise IndexFormatError(f"{mf}: field {bad!r}: a lone UTF-16 surrogate escape (not "
                                "valid Unicode text)")
-    return m
+    return m, raw
 
 
 def _check_header(mf: Path, m) -> None:
     if not isinstance(m, dict):
         raise IndexFormatError(f"{mf}: expected a JSON object, got {type(m).__name__}")
     if m.get("format") != FORMAT_NAME:
-        raise IndexFormatError(f"{mf}: not a memgas_gpu index (format {m.get('format')!r})")
+        fmt = json.dumps(m.get("format"))[:80]
+        raise IndexFormatError(f"{mf}: not a memgas_gpu index (format {fmt})")
     version = m.get("version")
     if type(version) is not int:
         raise IndexFormatError(f"{mf}: field 'version': expected an integer, got "
-                               f"{json.dumps(version)}")
+                               f"{json.dumps(version)[:80]}")
     if version > FORMAT_VERSION:
         raise IndexFormatError(
             f"{mf}: index format version {version} is newer than this memgas_gpu reads "
@@ -189,41 +378,71 @@ def _load_tensors(tf: Path) -> dict:
         raise IndexFormatError(f"{tf}: unreadable safetensors file ({msg})") from None
 
 
-def _resolve(path: Path):
-    """(manifest file, manifest, tensors) of the current version."""
-    top = path / "manifest.json"
-    m = _read_json(top)
+def _pointer(top: Path) -> tuple[dict, bool]:
+    """The top manifest of a folder and whether it is a version-2 pointer."""
+    m, _ = _read_json(top, MAX_MANIFEST_BYTES)
     _check_header(top, m)
-    if "current" in m:
-        name = m["current"]
-        if not isinstance(name, str) or not _VERSION_DIR.match(name):
-            raise IndexFormatError(f"{top}: field 'current': expected 'v-' and 32 hex "
-                                   f"digits, got {json.dumps(name)[:80]}")
-        folder = path / name
-        mf = folder / "manifest.json"
-        m = _read_json(mf)
-        _check_header(mf, m)
-        if "current" in m:
-            raise IndexFormatError(f"{mf}: a pointer inside a version folder")
-    else:
-        folder, mf = path, top
-    return mf, m, _load_tensors(folder / "tensors.safetensors")
+    if "current" not in m:
+        return m, False
+    name = m["current"]
+    if not isinstance(name, str) or not _VERSION_DIR.match(name):
+        raise IndexFormatError(f"{top}: field 'current': expected 'v-' and 32 hex "
+                               f"digits, got {json.dumps(name)[:80]}")
+    digest = m.get("manifest_sha256")
+    if digest is not None and not (isinstance(digest, str) and
+                                   re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise IndexFormatError(f"{top}: field 'manifest_sha256': expected 64 hex digits, "
+                               f"got {json.dumps(digest)[:80]}")
+    return m, True
 
 
-def read_index_dir(path: Path) -> tuple[Path, dict, dict]:
-    """``(manifest file, manifest, tensors)`` of the current version of ``path``
-    (version 1 or 2), its header checked; the contents are left to :mod:`.checks`.
+def _resolve(path: Path) -> tuple:
+    """(manifest file, manifest, tensors, version name, manifest changed) of the
+    current version."""
+    top = path / "manifest.json"
+    m, is_pointer = _pointer(top)
+    if not is_pointer:
+        return top, m, _load_tensors(path / "tensors.safetensors"), LEGACY_VERSION, False
+    name = m["current"]
+    mf = path / name / "manifest.json"
+    full, raw = _read_json(mf, MAX_MANIFEST_BYTES)
+    _check_header(mf, full)
+    if "current" in full:
+        raise IndexFormatError(f"{mf}: a pointer inside a version folder")
+    digest = m.get("manifest_sha256")
+    changed = digest is not None and hashlib.sha256(raw).hexdigest() != digest
+    return mf, full, _load_tensors(path / name / "tensors.safetensors"), name, changed
+
+
+def current_version(path) -> Optional[str]:
+    """The version the index folder ``path`` is at now (``"v-<32 hex>"``, or
+    :data:`LEGACY_VERSION` for a version-1 folder), or None when it holds no index.
 
     Raises:
-        IndexFormatError: no index, an unreadable, incomplete or newer one (one line
-            naming the file).
+        IndexFormatError: the pointer is unreadable.
+    """
+    top = Path(path) / "manifest.json"
+    try:
+        m, is_pointer = _pointer(top)
+    except FileNotFoundError:
+        return None
+    return m["current"] if is_pointer else LEGACY_VERSION
+
+
+def read_index_dir(path: Path) -> StoredIndex:
+    """The current version of ``path`` (version 1 or 2), its header checked; the
+    contents are left to :mod:`.checks`.
+
+    Raises:
+        IndexFormatError: no index, an unreadable, incomplete, changed or newer one (one
+            line naming the file).
     """
     path = Path(path)
     if not (path / "manifest.json").exists():
         raise IndexFormatError(f"{path}: not an index folder (no manifest.json)")
     for attempt in range(_READ_TRIES):
         try:
-            mf, m, t = _resolve(path)
+            mf, m, t, name, changed = _resolve(path)
             break
         except FileNotFoundError as e:
             # a writer replaced the version we were reading: follow the new pointer
@@ -231,4 +450,4 @@ def read_index_dir(path: Path) -> tuple[Path, dict, dict]:
             if attempt == _READ_TRIES - 1:
                 raise IndexFormatError(f"{missing}: missing: the index folder is "
                                        "incomplete") from None
-    return mf, m, t
+    return StoredIndex(mf, m, t, FolderVersion(os.path.realpath(path), name), changed)
