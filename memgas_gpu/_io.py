@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional, Union
 
 __all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate",
-           "MAX_NUMBER_DIGITS", "JSONLimitError", "json_loads"]
+           "replace_surrogates", "MAX_NUMBER_DIGITS", "JSONLimitError", "json_loads"]
 
 #: longest integer literal (and longest run of digits in any number) accepted in JSON
 #: input: an int64 needs 19 digits.  Python refuses to convert more than 4,300 digits
@@ -154,6 +154,12 @@ def nan_to_null(obj):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_surrogates(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate (``"\\ud800"`` parses as JSON but
+    cannot be encoded as UTF-8) replaced by U+FFFD, the replacement character."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def find_surrogate(value: Any, where: str = "") -> Optional[str]:
