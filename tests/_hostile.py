@@ -47,10 +47,10 @@ def version_dir(path: Path) -> Path:
 
 
 def rewrite_index(path: Path, manifest=None, tensors=None) -> None:
-    """Replace the current version's manifest and/or tensors *and* every digest that
+    """Replace the current version's manifest and/or tensors *and* every checksum that
     covers them: what a hostile editor can do, so the content checks must catch it."""
-    import hashlib
     import json
+    import zlib
 
     import torch
     from safetensors.torch import save_file
@@ -61,12 +61,12 @@ def rewrite_index(path: Path, manifest=None, tensors=None) -> None:
     if tensors is not None:
         save_file({k: v.contiguous() for k, v in tensors.items()},
                   str(vdir / "tensors.safetensors"))
-        m["tensor_sha256"] = {k: hashlib.sha256(v.contiguous().reshape(-1).view(
-            torch.uint8).numpy()).hexdigest() for k, v in tensors.items()}
+        m["tensor_crc32"] = {k: zlib.crc32(v.contiguous().reshape(-1).view(
+            torch.uint8).numpy()) for k, v in tensors.items()}
     raw = json.dumps(m).encode()
     (vdir / "manifest.json").write_bytes(raw)
     top = json.loads((path / "manifest.json").read_text())
-    top["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
+    top["manifest_crc32"] = zlib.crc32(raw)
     (path / "manifest.json").write_text(json.dumps(top))
 
 

@@ -410,7 +410,7 @@ def _swap_turn_texts(t: dict) -> dict:
 
 def test_contents_changed_after_writing_are_refused(tmp_path, small):
     """Item 20: reordered turn texts or embedding rows loaded and answered silently;
-    a hand-edited manifest too.  The digests written with them catch each."""
+    a hand-edited manifest too.  The checksums written with them catch each."""
     _, path = small
     for what in ("turn_texts", "gran_rows", "manifest"):
         dst = _copy(path, tmp_path / what)
@@ -418,7 +418,7 @@ def test_contents_changed_after_writing_are_refused(tmp_path, small):
         t = _tensors_of(dst)
         if what == "turn_texts":
             save_file(_swap_turn_texts(t), str(tf))
-            want = "tensor 'turn_text.bytes': its contents differ from the SHA-256"
+            want = "tensor 'turn_text.bytes': its contents differ from the CRC-32"
         elif what == "gran_rows":
             t["gran"] = t["gran"][[1, 0, *range(2, t["gran"].shape[0])]].contiguous()
             save_file(t, str(tf))
@@ -428,12 +428,12 @@ def test_contents_changed_after_writing_are_refused(tmp_path, small):
             m = json.loads(mf.read_text())
             m["conversations"][0]["session_dates"].reverse()
             mf.write_text(json.dumps(m))
-            want = "differ from the SHA-256 the folder's pointer recorded"
+            want = "differ from the CRC-32 checksum the folder's pointer recorded"
         with pytest.raises(IndexFormatError, match=want) as e:
             load_index(dst)
         assert "\n" not in str(e.value)
         line = one_line_error(run_cli("eval", dst, "--method", "session", "--device", "cpu"))
-        assert "SHA-256" in line
+        assert "CRC-32" in line
 
 
 def _straddle(t: dict, char: bytes) -> None:
@@ -449,8 +449,8 @@ def _two_conversation_index(tmp_path: Path) -> Path:
     return save_index(idx, tmp_path / "two")
 
 
-def test_tampered_contents_with_recomputed_digests_are_refused(tmp_path, small):
-    """Items 11 and 20: a hostile editor recomputes every digest; what it changed must
+def test_tampered_contents_with_recomputed_checksums_are_refused(tmp_path, small):
+    """Items 11 and 20: a hostile editor recomputes every checksum; what it changed must
     still be refused, each with one line naming the file and the field or tensor."""
     _, path = small
     edits = {

@@ -4,17 +4,17 @@ anything is written, on save.
 
 Every inconsistency (a missing or mistyped key, a value out of range, an unknown graph
 or tokenizer, an exact dtype, a shape, offset or index out of range, text that is not
-UTF-8, a NaN embedding, contents that differ from the digests written with them)
+UTF-8, a NaN embedding, contents that differ from the checksums written with them)
 raises :class:`IndexFormatError` naming the file and the field, so a corrupted or
 hand-edited index fails with one line instead of a traceback or, worse, a silent wrong
 ranking.  Every check is a few vectorised tensor operations or one pass of C code
-(UTF-8 decoding, SHA-256) over a tensor: no Python loop over the elements.
+(UTF-8 decoding, CRC-32) over a tensor: no Python loop over the elements.
 """
 from __future__ import annotations
 
 import codecs
-import hashlib
 import re
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -25,7 +25,7 @@ from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
 
-__all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_digests",
+__all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
            "EMBEDDINGS", "MAX_SETTING"]
 
 #: tensors holding embeddings: refused when they hold NaN or inf
@@ -141,13 +141,13 @@ def check_manifest(where: str, m: Any) -> None:
             field, _, what = str(e).partition(": ")
             raise IndexFormatError(f"{where}: field 'lexical.tokenizer.{field}': {what}") \
                 from None
-    digests = m.get("tensor_sha256")
-    if digests is not None:
-        _want(where, m, "tensor_sha256", dict, "tensor_sha256")
-        for k, v in digests.items():
-            if not (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)):
-                raise IndexFormatError(f"{where}: field 'tensor_sha256.{k[:80]}': expected "
-                                       "64 hex digits")
+    sums = m.get("tensor_crc32")
+    if sums is not None:
+        _want(where, m, "tensor_crc32", dict, "tensor_crc32")
+        for k, v in sums.items():
+            if type(v) is not int or not 0 <= v < 1 << 32:
+                raise IndexFormatError(f"{where}: field 'tensor_crc32.{k[:80]}': expected "
+                                       "an integer from 0 to 2**32 - 1")
 
 
 def _tensor(where: str, t: dict, name: str, ndim: int, dtypes: tuple = _INTS,
@@ -214,23 +214,24 @@ def _texts(where: str, t: dict, pre: str, n: Optional[int]) -> None:
                                "UTF-8 character")
 
 
-def _digest(x: Tensor) -> str:
+def _crc32(x: Tensor) -> int:
     flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(flat.numpy()).hexdigest()  # releases the GIL: threads overlap
+    return zlib.crc32(flat.numpy())  # releases the GIL: threads overlap
 
 
-def tensor_digests(tensors: dict) -> dict:
-    """``{name: SHA-256 of the tensor's bytes}`` (recorded in the manifest on save,
-    compared on load), hashed on a few threads."""
+def tensor_checksums(tensors: dict) -> dict:
+    """``{name: CRC-32 of the tensor's bytes}`` (recorded in the manifest on save,
+    compared on load: a file changed or damaged after it was written is refused),
+    computed on a few threads."""
     names = sorted(tensors, key=lambda k: -tensors[k].numel() * tensors[k].element_size())
     with ThreadPoolExecutor(4) as pool:
-        return dict(zip(names, pool.map(lambda k: _digest(tensors[k]), names)))
+        return dict(zip(names, pool.map(lambda k: _crc32(tensors[k]), names)))
 
 
-def check_tensors(where: str, t: dict, m: dict, digests: bool = True) -> None:
+def check_tensors(where: str, t: dict, m: dict, checksums: bool = True) -> None:
     """Dtypes, shapes, offsets, indices and texts of the tensors against manifest ``m``
-    (checked by :func:`check_manifest`), then, with ``digests``, their contents against
-    the manifest's ``tensor_sha256`` (when it has them)."""
+    (checked by :func:`check_manifest`), then, with ``checksums``, their contents against
+    the manifest's ``tensor_crc32`` (when it has them)."""
     n_conv, n_q = len(m["conversations"]), len(m["questions"])
     offsets = _tensor(where, t, "conv_offsets", 1, shape=(n_conv + 1,))
     row_slot = _tensor(where, t, "row_slot", 1)
@@ -290,18 +291,18 @@ def check_tensors(where: str, t: dict, m: dict, digests: bool = True) -> None:
             raise IndexFormatError(f"{where}: tensor {name!r}: {bad} embedding(s) hold NaN "
                                    "or inf, or overflow (a corrupted file or a bad encoder "
                                    "output); rebuild the index")
-    want = m.get("tensor_sha256") if digests else None
+    want = m.get("tensor_crc32") if checksums else None
     if want is not None:
         missing = sorted(set(want) ^ set(t))
         if missing:
             raise IndexFormatError(f"{where}: tensor {missing[0][:80]!r}: "
                                    f"{'missing' if missing[0] in want else 'not listed'} "
-                                   "in the manifest's digests (the file was changed after "
+                                   "in the manifest's checksums (the file was changed after "
                                    "it was written)")
-        got = tensor_digests(t)
+        got = tensor_checksums(t)
         for name in sorted(t):
             if got[name] != want[name]:
                 raise IndexFormatError(f"{where}: tensor {name!r}: its contents differ from "
-                                       "the SHA-256 written with them (the file was changed "
-                                       "or damaged after it was written); rebuild or restore "
-                                       "the index")
+                                       "the CRC-32 checksum written with them (the file was "
+                                       "changed or damaged after it was written); rebuild "
+                                       "or restore the index")

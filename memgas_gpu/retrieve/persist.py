@@ -2,7 +2,7 @@
 
 See ``docs/index-format.md`` and ``docs/failure.md``. No pickle anywhere: tensors go to
 one safetensors file, everything else (conversation and question metadata, build
-configuration, the tensors' SHA-256 digests) to ``manifest.json``.  The folder's files,
+configuration, the tensors' CRC-32 checksums) to ``manifest.json``.  The folder's files,
 their atomic replacement and the writers' lock are :mod:`.storage`'s; the validation of
 what is read, and of what is about to be written, :mod:`.checks`'.
 """
@@ -15,9 +15,9 @@ from typing import Optional, Union
 
 import torch
 
-from .._io import find_surrogate, json_loads
+from .._io import find_surrogate, json_loads, may_hold_surrogate
 from ..data.model import Question
-from .checks import IndexFormatError, check_manifest, check_tensors, tensor_digests
+from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
 from .meta import ConversationMeta, GraphParams
 from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
                       IndexConflictError, IndexLockError, read_index_dir, write_index_dir)
@@ -63,24 +63,26 @@ def _manifest(index, tensors: dict) -> dict:
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
                        "evidence_turn_ids": list(q.evidence_turn_ids),
                        "is_abstention": q.is_abstention} for q in index.questions],
-        "tensor_sha256": tensor_digests(tensors),
+        "tensor_crc32": tensor_checksums(tensors),
     }
 
 
-def _as_stored(path: Path, manifest: dict) -> dict:
-    """``manifest`` as a reader will get it back (JSON), or a one-line refusal."""
+def _as_stored(path: Path, manifest: dict) -> tuple[str, dict]:
+    """``manifest`` as JSON text and as a reader will get it back, or a one-line
+    refusal."""
     try:
-        stored = json_loads(json.dumps(manifest, ensure_ascii=False, allow_nan=False))
+        # no indent: json's C encoder (indent selects the pure-Python one, 10x slower)
+        text = json.dumps(manifest, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise IndexFormatError(f"{path}: the index cannot be saved: its metadata is not "
                                f"strict JSON ({' '.join(str(e).split())[:200]}); nothing "
                                "was written") from None
-    bad = find_surrogate(stored)
+    bad = find_surrogate(manifest) if may_hold_surrogate(text) else None
     if bad is not None:
         raise IndexFormatError(f"{path}: the index cannot be saved: field {bad!r} holds a "
                                "lone UTF-16 surrogate (not valid Unicode text); nothing was "
                                "written")
-    return stored
+    return text, json_loads(text)
 
 
 def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32, *,
@@ -104,15 +106,16 @@ def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.
     path = Path(path)
     tensors = _tensors(index, dtype)
     manifest = _manifest(index, tensors)
-    stored = _as_stored(path, manifest)
+    text, stored = _as_stored(path, manifest)
     what = f"{path} (not saved)"
     check_manifest(what, stored)
-    check_tensors(what, tensors, stored, digests=False)  # just computed from them
+    check_tensors(what, tensors, stored, checksums=False)  # just computed from them
     expect: Optional[str] = None
     origin = getattr(index, "folder_version", None)
     if origin is not None and not force and origin.folder == os.path.realpath(path):
         expect = origin.version
-    name = write_index_dir(path, tensors, manifest, expect=expect, lock_timeout=lock_timeout)
+    name = write_index_dir(path, tensors, text.encode(), expect=expect,
+                           lock_timeout=lock_timeout)
     index.folder_version = FolderVersion(os.path.realpath(path), name)
     return path
 
@@ -129,9 +132,9 @@ def load_index(path: Union[str, os.PathLike], cls=None):
     mf, manifest, t, origin, changed = read_index_dir(Path(path))
     check_manifest(str(mf), manifest)
     if changed:
-        raise IndexFormatError(f"{mf}: its contents differ from the SHA-256 the folder's "
-                               "pointer recorded when it was written (the file was edited or "
-                               "damaged); rebuild or restore the index")
+        raise IndexFormatError(f"{mf}: its contents differ from the CRC-32 checksum the "
+                               "folder's pointer recorded when it was written (the file was "
+                               "edited or damaged); rebuild or restore the index")
     check_tensors(str(mf.with_name("tensors.safetensors")), t, manifest)
     try:
         index = _make(manifest, t, cls)

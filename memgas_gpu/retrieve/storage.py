@@ -3,7 +3,7 @@ replaced atomically under a lock; see ``docs/index-format.md`` and ``docs/failur
 
 ``DIR/v-<hex>/`` holds one complete index (``manifest.json`` and
 ``tensors.safetensors``) and ``DIR/manifest.json`` is a small pointer naming the
-current one (and the SHA-256 of its manifest).  A writer takes the lock
+current one (and the CRC-32 checksum of its manifest).  A writer takes the lock
 (``DIR/.lock``, never followed if it is a symbolic link; a holder that keeps it past a
 timeout is reported, not waited for forever), checks that the folder is still at the
 version it expects (optimistic concurrency: nothing is silently overwritten), builds
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -30,10 +29,12 @@ import socket
 import stat
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from .._io import JSONLimitError, atomic_write, find_surrogate, json_loads
+from .._io import (JSONLimitError, atomic_write, find_surrogate, json_loads,
+                   may_hold_surrogate)
 from ..errors import MemgasError
 from .checks import IndexFormatError
 
@@ -81,7 +82,7 @@ class FolderVersion(NamedTuple):
 
 class StoredIndex(NamedTuple):
     """What :func:`read_index_dir` read: the manifest (its file and value), the
-    tensors, the folder version, and whether the manifest differs from the digest the
+    tensors, the folder version, and whether the manifest differs from the checksum the
     pointer recorded when it was written (reported after its contents are checked)."""
 
     manifest_file: Path
@@ -249,12 +250,12 @@ def _verify_written(folder: Path, manifest_bytes: bytes, tensors: dict) -> None:
                                "than written; not made current")
 
 
-def write_index_dir(path: Path, tensors: dict, manifest: dict, *,
+def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
                     expect: Optional[str] = None,
                     lock_timeout: float = LOCK_TIMEOUT) -> str:
-    """Write ``tensors`` (safetensors) and ``manifest`` (strict JSON) as a new version
-    of the index folder ``path``, make it the current one atomically and return its
-    name.
+    """Write ``tensors`` (safetensors) and ``manifest`` (UTF-8 JSON text) as a new
+    version of the index folder ``path``, make it the current one atomically and return
+    its name.
 
     Args:
         expect: the version the folder must still be at (the one the index was loaded
@@ -272,7 +273,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: dict, *,
     from safetensors.torch import save_file
 
     path = Path(path)
-    data = json.dumps(manifest, ensure_ascii=False, indent=1, allow_nan=False).encode()
+    data = manifest
     if len(data) > MAX_MANIFEST_BYTES:
         raise IndexFormatError(f"{path}: the manifest would take {len(data)} bytes, more "
                                f"than the {MAX_MANIFEST_BYTES} a reader accepts; not saved")
@@ -309,7 +310,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: dict, *,
         _fsync_dir(path)
         with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
-                       "manifest_sha256": hashlib.sha256(data).hexdigest()}, f, indent=1)
+                       "manifest_crc32": zlib.crc32(data)}, f, indent=1)
         _fsync_dir(path)
         _clean(path, keep=name)
     return name
@@ -328,7 +329,8 @@ def _read_json(mf: Path, cap: int):
         raise IndexFormatError(f"{mf}: {max(st.st_size, len(raw))} bytes, more than the "
                                f"{cap} a manifest may hold; not read")
     try:
-        m = json_loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        m = json_loads(text)
     except UnicodeDecodeError as e:
         raise IndexFormatError(f"{mf}: not UTF-8 text ({e.reason})") from None
     except json.JSONDecodeError as e:
@@ -337,7 +339,7 @@ def _read_json(mf: Path, cap: int):
         raise IndexFormatError(f"{mf}: invalid JSON ({e})") from None
     except RecursionError:
         raise IndexFormatError(f"{mf}: JSON nested too deeply") from None
-    bad = find_surrogate(m)
+    bad = find_surrogate(m) if may_hold_surrogate(text) else None
     if bad is not None:
         raise IndexFormatError(f"{mf}: field {bad!r}: a lone UTF-16 surrogate escape (not "
                                "valid Unicode text)")
@@ -388,11 +390,10 @@ def _pointer(top: Path) -> tuple[dict, bool]:
     if not isinstance(name, str) or not _VERSION_DIR.match(name):
         raise IndexFormatError(f"{top}: field 'current': expected 'v-' and 32 hex "
                                f"digits, got {json.dumps(name)[:80]}")
-    digest = m.get("manifest_sha256")
-    if digest is not None and not (isinstance(digest, str) and
-                                   re.fullmatch(r"[0-9a-f]{64}", digest)):
-        raise IndexFormatError(f"{top}: field 'manifest_sha256': expected 64 hex digits, "
-                               f"got {json.dumps(digest)[:80]}")
+    crc = m.get("manifest_crc32")
+    if crc is not None and (type(crc) is not int or not 0 <= crc < 1 << 32):
+        raise IndexFormatError(f"{top}: field 'manifest_crc32': expected an integer from 0 "
+                               f"to 2**32 - 1, got {json.dumps(crc)[:80]}")
     return m, True
 
 
@@ -409,8 +410,8 @@ def _resolve(path: Path) -> tuple:
     _check_header(mf, full)
     if "current" in full:
         raise IndexFormatError(f"{mf}: a pointer inside a version folder")
-    digest = m.get("manifest_sha256")
-    changed = digest is not None and hashlib.sha256(raw).hexdigest() != digest
+    crc = m.get("manifest_crc32")
+    changed = crc is not None and zlib.crc32(raw) != crc
     return mf, full, _load_tensors(path / name / "tensors.safetensors"), name, changed
 
 
