@@ -26,6 +26,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from _hostile import ROOT, build_small_index
@@ -153,6 +154,8 @@ def _tensor_mutation(t: dict, rng: random.Random) -> str:
         t[name] = x.view(-1)[:-1].clone() if x.dim() == 1 else x[:-1].clone()
     elif x.dtype.is_floating_point:
         flat[i] = rng.choice([float("nan"), float("inf"), -1e30, 0.0])
+    elif x.dtype == torch.uint8:  # text bytes: invalid UTF-8 and its neighbours
+        flat[i] = rng.choice([0xFF, 0, (int(flat.max()) + 1) % 256, 0xC3])
     else:
         flat[i] = rng.choice([-1, 10**9, int(flat.max()) + 1, 0])
     return f"tensor/{what}"
