@@ -71,6 +71,31 @@ def test_a_save_that_would_not_load_changes_nothing(tmp_path, small, damage):
     load_index(dst)
 
 
+def test_a_tensor_file_that_reads_back_short_is_never_made_current(tmp_path, small,
+                                                                    monkeypatch):
+    """What was written is read back (the manifest, the tensor header and size) before
+    the pointer moves: a silently short write leaves the previous version current."""
+    import safetensors.torch
+
+    _, path = small
+    dst = tmp_path / "idx"
+    shutil.copytree(path, dst)
+    before = _versions(dst)
+    real = safetensors.torch.save_file
+
+    def short_write(tensors, filename, metadata=None):
+        real(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(os.path.getsize(filename) - 100)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", short_write)
+    with pytest.raises(IndexFormatError, match="reads back differently than written .*not "
+                                               "made current"):
+        save_index(load_index(dst), dst)
+    assert _versions(dst) == before
+    load_index(dst)
+
+
 # ---- item 3: optimistic concurrency between processes -----------------------------------
 _ADD_AND_SAVE = """
 import sys

@@ -228,23 +228,34 @@ def _clean(path: Path, keep: str) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _verify_written(folder: Path, manifest_bytes: bytes, tensors: dict) -> None:
-    """The files of a new version hold what was meant: the manifest byte for byte, the
-    tensor file every tensor with its dtype and shape (its header, and its size)."""
-    from safetensors import safe_open
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+              "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+              "bool": "BOOL"}
 
-    got = (folder / "manifest.json").read_bytes()
-    if got != manifest_bytes:
+
+def _verify_written(folder: Path, manifest: bytes, tensors: dict) -> None:
+    """The files of a new version hold what was meant: the manifest byte for byte, the
+    tensor file every tensor with its dtype and shape (safetensors checks, from the
+    header, that the data covers the file exactly; the data is not read)."""
+    from safetensors import SafetensorError, safe_open
+
+    if (folder / "manifest.json").read_bytes() != manifest:
         raise IndexFormatError(f"{folder / 'manifest.json'}: reads back differently "
                                "than written; not made current")
     tf = folder / "tensors.safetensors"
-    with safe_open(str(tf), framework="pt") as f:
-        names = set(f.keys())
-        bad = names ^ set(tensors)
-        for name in sorted(names & set(tensors)):
-            s = f.get_slice(name)
-            if list(s.get_shape()) != list(tensors[name].shape):
-                bad.add(name)
+    try:
+        with safe_open(str(tf), framework="pt") as f:
+            names = set(f.keys())
+            bad = names ^ set(tensors)
+            for name in sorted(names & set(tensors)):
+                s, x = f.get_slice(name), tensors[name]
+                want = _ST_DTYPES.get(str(x.dtype).replace("torch.", ""))
+                if list(s.get_shape()) != list(x.shape) or (want and s.get_dtype() != want):
+                    bad.add(name)
+    except (SafetensorError, OSError) as e:
+        raise IndexFormatError(f"{tf}: reads back differently than written ("
+                               f"{' '.join(str(e).split())[:200]}); not made current") \
+            from None
     if bad:
         raise IndexFormatError(f"{tf}: tensor {sorted(bad)[0]!r} reads back differently "
                                "than written; not made current")
@@ -273,9 +284,8 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
     from safetensors.torch import save_file
 
     path = Path(path)
-    data = manifest
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise IndexFormatError(f"{path}: the manifest would take {len(data)} bytes, more "
+    if len(manifest) > MAX_MANIFEST_BYTES:
+        raise IndexFormatError(f"{path}: the manifest would take {len(manifest)} bytes, more "
                                f"than the {MAX_MANIFEST_BYTES} a reader accepts; not saved")
     _check_target(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -296,13 +306,13 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
         try:
             save_file(tensors, str(tmp / "tensors.safetensors"),
                       metadata={"format": FORMAT_NAME})
-            (tmp / "manifest.json").write_bytes(data)
+            (tmp / "manifest.json").write_bytes(manifest)
             for p in tmp.iterdir():  # one mode for every file of the index (the umask)
                 os.chmod(p, mode)
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
             _fsync_dir(tmp)
-            _verify_written(tmp, data, tensors)
+            _verify_written(tmp, manifest, tensors)
             os.replace(tmp, path / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -310,7 +320,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
         _fsync_dir(path)
         with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
-                       "manifest_crc32": zlib.crc32(data)}, f, indent=1)
+                       "manifest_crc32": zlib.crc32(manifest)}, f, indent=1)
         _fsync_dir(path)
         _clean(path, keep=name)
     return name
