@@ -8,7 +8,43 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, Union
 
-__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate"]
+__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate",
+           "replace_surrogates", "may_hold_surrogate", "MAX_NUMBER_DIGITS", "JSONLimitError", "json_loads"]
+
+#: longest integer literal (and longest run of digits in any number) accepted in JSON
+#: input: an int64 needs 19 digits.  Python refuses to convert more than 4,300 digits
+#: (a ``ValueError`` that ``json`` does not wrap), and ijson's C backend crashes on them.
+MAX_NUMBER_DIGITS = 100
+
+
+class JSONLimitError(ValueError):
+    """JSON input holding a number this package refuses to parse (see :func:`json_loads`)."""
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_NUMBER_DIGITS:
+        raise JSONLimitError(f"an integer of {digits} digits (at most {MAX_NUMBER_DIGITS} "
+                             "are accepted)")
+    return int(text)
+
+
+def _parse_constant(name: str):
+    raise JSONLimitError(f"{name} is not a JSON number")
+
+
+def json_loads(data: Union[str, bytes]) -> Any:
+    """``json.loads`` of untrusted input: integers of at most :data:`MAX_NUMBER_DIGITS`
+    digits, and no ``NaN``/``Infinity`` (not JSON, although Python writes them).
+
+    Raises:
+        json.JSONDecodeError: invalid JSON.
+        JSONLimitError: a number outside those limits.
+        RecursionError: nesting too deep for the parser.
+    """
+    import json
+
+    return json.loads(data, parse_int=_parse_int, parse_constant=_parse_constant)
 
 
 def _umask() -> int:
@@ -86,9 +122,13 @@ def iter_jsonl(path: Union[str, os.PathLike]) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json_loads(line)
             except json.JSONDecodeError as e:
                 raise DataFormatError(str(path), f"invalid JSON ({e.msg})",
+                                      record=f"line {lineno}") from None
+            except (JSONLimitError, RecursionError) as e:
+                what = str(e) if isinstance(e, JSONLimitError) else "nested too deeply"
+                raise DataFormatError(str(path), f"invalid JSON ({what})",
                                       record=f"line {lineno}") from None
             if not isinstance(obj, dict):
                 raise DataFormatError(str(path), "expected an object", record=f"line {lineno}")
@@ -114,6 +154,20 @@ def nan_to_null(obj):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def may_hold_surrogate(json_text: str) -> bool:
+    """Whether JSON text can decode to a string holding a lone UTF-16 surrogate (it has
+    a raw surrogate or a ``\\uD800``-``\\uDFFF`` escape): one C-speed scan that spares
+    the :func:`find_surrogate` walk of everything else."""
+    return bool(_SURROGATE.search(json_text) or _ESCAPED_SURROGATE.search(json_text))
+
+
+def replace_surrogates(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate (``"\\ud800"`` parses as JSON but
+    cannot be encoded as UTF-8) replaced by U+FFFD, the replacement character."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def find_surrogate(value: Any, where: str = "") -> Optional[str]:

@@ -31,12 +31,43 @@ def tiny_encoder(folder: Path):
     return Encoder(make_random_bert(str(folder)), device="cpu", max_length=64)
 
 
-def build_small_index(locomo_list_path, folder: Path):
+def build_small_index(locomo_list_path, folder: Path, **kw):
     from memgas_gpu.retrieve import MemoryIndex
 
     return MemoryIndex.build(small_dataset(locomo_list_path), tiny_encoder(folder / "bert"),
                              summaries="source", device="cpu", progress=False, m=4,
-                             skip_sessions=1)
+                             skip_sessions=1, **kw)
+
+
+def version_dir(path: Path) -> Path:
+    """The current version folder of an index folder."""
+    import json
+
+    return path / json.loads((path / "manifest.json").read_text())["current"]
+
+
+def rewrite_index(path: Path, manifest=None, tensors=None) -> None:
+    """Replace the current version's manifest and/or tensors *and* every checksum that
+    covers them: what a hostile editor can do, so the content checks must catch it."""
+    import json
+    import zlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    vdir = version_dir(path)
+    m = manifest if manifest is not None else json.loads(
+        (vdir / "manifest.json").read_text())
+    if tensors is not None:
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  str(vdir / "tensors.safetensors"))
+        m["tensor_crc32"] = {k: zlib.crc32(v.contiguous().reshape(-1).view(
+            torch.uint8).numpy()) for k, v in tensors.items()}
+    raw = json.dumps(m).encode()
+    (vdir / "manifest.json").write_bytes(raw)
+    top = json.loads((path / "manifest.json").read_text())
+    top["manifest_crc32"] = zlib.crc32(raw)
+    (path / "manifest.json").write_text(json.dumps(top))
 
 
 def run_cli(*args, timeout: float = 120, env=None, **kw) -> subprocess.CompletedProcess:

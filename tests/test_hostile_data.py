@@ -227,3 +227,55 @@ def test_empty_dataset_and_fifo_are_refused(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DataFormatError, match="not a regular file"):
         load_dataset(fifo)
+
+
+# ---- round 3, item 7: integers of thousands of digits ----------------------------------
+_HUGE = "1" * 5000  # Python refuses to convert more than 4,300 digits
+
+
+@pytest.mark.parametrize("layout", ["locomo", "longmemeval", "key_first"])
+def test_a_huge_integer_is_one_line_not_a_segfault(tmp_path, layout):
+    """ijson's C backend passes Python's failed int conversion on unchecked (exit 139 in
+    format detection); every loader path now refuses such numbers in one line."""
+    if layout == "locomo":
+        text = '[{"x": ' + _HUGE + ', "sample_id": "a", "conversation": {}, "qa": []}]'
+    elif layout == "longmemeval":
+        text = json.dumps([_lme()]).replace('"blue"', _HUGE, 1)
+    else:
+        text = '[{"sample_id": ' + _HUGE + '}]'
+    path = _write(tmp_path / "f.json", text)
+    line = one_line_error(run_cli("stats", path))
+    assert path in line and "more than 100 digits" in line
+    with pytest.raises(DataFormatError, match="more than 100 digits"):
+        load_dataset(path)
+
+
+def test_format_detection_alone_survives_a_huge_integer(tmp_path):
+    """detect_format is public: it must not hand ijson's Decimal mode a huge integer."""
+    from memgas_gpu.data import detect_format
+
+    path = _write(tmp_path / "f.json", '[{"x": ' + _HUGE + ', "sample_id": "a"}]')
+    code = ("import sys\nfrom memgas_gpu.data import detect_format\n"
+            "try:\n    detect_format(sys.argv[1])\nexcept Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    res = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert res.returncode == 0, (res.returncode, res.stderr[-500:])
+    assert "DataFormatError" in res.stdout and "integer overflow" in res.stdout
+    assert detect_format(_write(tmp_path / "g.json", '[{"x": 12, "sample_id": "a"}]')) \
+        == "locomo"
+
+
+def test_digit_runs_are_counted_across_chunks_and_not_inside_strings(tmp_path):
+    from memgas_gpu.data._jsonscan import _CHUNK, check_json_file
+
+    # 90 digits each side of the 1 MiB chunk boundary: one number of 180 digits
+    pad = " " * (_CHUNK - 90 - 1)
+    path = _write(tmp_path / "cut.json", "[" + pad + "1" * 180 + "]")
+    with pytest.raises(DataFormatError, match="more than 100 digits"):
+        check_json_file(path)
+    # digits inside a string, and a string cut by the chunk boundary, are text
+    ok = _write(tmp_path / "ok.json", '["' + "1" * 5000 + '", ' + "9" * 100 + "]")
+    check_json_file(ok)
+    ok2 = _write(tmp_path / "ok2.json", "[" + " " * (_CHUNK - 10) + '"' + "7" * 300 + '"]')
+    check_json_file(ok2)

@@ -66,13 +66,13 @@ def test_replacing_keeps_one_version_and_removes_leftovers(tmp_path, small):
     (out / ".tmp-v-0123").mkdir()
     (out / ".tmp-v-0123" / "tensors.safetensors").write_bytes(b"partial")
     (tmp_path / ".idx.old").mkdir()
-    (tmp_path / ".idx.k2j3.tmp").mkdir()
+    (tmp_path / ".idx.k2j3x9y_.tmp").mkdir()
     save_index(idx, out)
     assert not first.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("v-")) == \
         [".lock", "manifest.json"]
     assert len([p for p in out.iterdir() if p.name.startswith("v-")]) == 1
-    assert not (tmp_path / ".idx.old").exists() and not (tmp_path / ".idx.k2j3.tmp").exists()
+    assert not (tmp_path / ".idx.old").exists() and not (tmp_path / ".idx.k2j3x9y_.tmp").exists()
     _same(idx, load_index(out))
 
 
@@ -108,7 +108,7 @@ a = load_index(sys.argv[1])
 b = load_index(sys.argv[2])
 print("ready", flush=True)
 for i in range(int(sys.argv[4])):
-    save_index(a if i % 2 else b, sys.argv[3])
+    save_index(a if i % 2 else b, sys.argv[3], force=True)  # replace, whatever is there
 """
 
 
@@ -123,10 +123,9 @@ def _two_sources(tmp_path, small):
     """Two valid indexes that differ (the question embeddings of b are reversed)."""
     idx, path = small
     a = _copy(path, tmp_path / "a")
-    b = _copy(path, tmp_path / "b")
-    t = load_file(_version_dir(b) / "tensors.safetensors")
-    t["q_emb"] = t["q_emb"].flip(0).contiguous()
-    save_file(t, _version_dir(b) / "tensors.safetensors")
+    other = load_index(path)
+    other.q_emb = other.q_emb.flip(0).contiguous()
+    b = save_index(other, tmp_path / "b")
     return a, b, {int(load_index(x).q_emb[0, 0].mul(1e6).round()) for x in (a, b)}
 
 
@@ -332,3 +331,261 @@ def test_cli_exits_2_in_one_line_on_nan_embeddings_and_truncated_tensors(tmp_pat
     assert line.startswith("error: ") and "NaN or inf" in line
     tf.write_bytes(tf.read_bytes()[:100])
     assert "unreadable" in one_line_error(run_cli("eval", dst, "--device", "cpu"))
+
+
+# ---- round 3: indexes that load, and tampered ones that must not ----------------------
+from _hostile import rewrite_index, version_dir  # noqa: E402
+
+
+def _tensors_of(path: Path) -> dict:
+    return load_file(str(version_dir(path) / "tensors.safetensors"))
+
+
+def _manifest_of(path: Path) -> dict:
+    return json.loads((version_dir(path) / "manifest.json").read_text())
+
+
+def test_an_index_without_turn_embeddings_or_texts_saves_and_loads(tmp_path,
+                                                                   locomo_list_path):
+    """Item 2: keep_turns=False kept turn_ptr (for the texts) but no turns; the reader
+    wanted both.  The loaded turn texts are the dataset's turns, in order."""
+    from _hostile import small_dataset
+
+    for kw in ({"keep_turns": False}, {"keep_turns": False, "keep_text": False}):
+        idx = build_small_index(locomo_list_path, tmp_path, **kw)
+        back = load_index(save_index(idx, tmp_path / f"idx{len(kw)}"))
+        assert back.turns is None and torch.equal(back.turn_ptr, idx.turn_ptr)
+        turns = [t for s in small_dataset(locomo_list_path).conversations[0].sessions
+                 for t in s.turns]
+        if "keep_text" in kw:
+            assert back.turn_text is None
+        else:
+            assert [back.turn_text[i] for i in range(len(turns))] == turns
+        _same(idx, back)
+
+
+def test_a_huge_or_non_finite_manifest_number_is_one_line(tmp_path, small):
+    """Item 11: a manifest integer of 5,000 digits (Python's int() refuses more than
+    4,300, a ValueError json does not wrap), NaN and Infinity (not JSON)."""
+    _, path = small
+    dst = _copy(path, tmp_path / "idx")
+    mf = version_dir(dst) / "manifest.json"
+    text = mf.read_text()
+    for bad, want in (("1" * 5000, "integer of 5000 digits"), ("NaN", "NaN is not"),
+                      ("-Infinity", "-Infinity is not")):
+        mf.write_text(text.replace('"m": 4', f'"m": {bad}', 1))
+        with pytest.raises(IndexFormatError, match=want) as e:
+            load_index(dst)
+        assert str(mf) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_sparse_3_gb_manifest_is_refused_before_it_is_read(tmp_path, small):
+    """Item 16: the manifest was read whole (6.4 GB and 40 s for a 3 GB sparse file)."""
+    _, path = small
+    code = ("import resource, sys\nfrom memgas_gpu.retrieve.persist import load_index\n"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "try:\n    load_index(sys.argv[1])\nexcept Exception as e:\n    print(e)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n")
+    for which in ("version", "pointer"):
+        dst = _copy(path, tmp_path / which)
+        mf = version_dir(dst) / "manifest.json" if which == "version" else dst / "manifest.json"
+        with open(mf, "r+b") as f:
+            f.truncate(3 << 30)  # sparse: no disk used
+        res = subprocess.run([sys.executable, "-c", code, str(dst)], capture_output=True,
+                             text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        msg, grown = res.stdout.strip().splitlines()[-2:]
+        assert f"{mf}: 3221225472 bytes, more than the 268435456 a manifest may hold" in msg
+        assert int(grown) < 64 << 20, grown
+
+
+def _swap_turn_texts(t: dict) -> dict:
+    """Turn texts 0 and 1 swapped, offsets adjusted: a valid table, other contents."""
+    b, o = t["turn_text.bytes"], t["turn_text.offsets"]
+    a0, a1, a2 = int(o[0]), int(o[1]), int(o[2])
+    t["turn_text.bytes"] = torch.cat([b[a1:a2], b[a0:a1], b[a2:]])
+    t["turn_text.offsets"] = o.clone()
+    t["turn_text.offsets"][1] = a0 + (a2 - a1)
+    return t
+
+
+def test_contents_changed_after_writing_are_refused(tmp_path, small):
+    """Item 20: reordered turn texts or embedding rows loaded and answered silently;
+    a hand-edited manifest too.  The checksums written with them catch each."""
+    _, path = small
+    for what in ("turn_texts", "gran_rows", "manifest"):
+        dst = _copy(path, tmp_path / what)
+        tf = version_dir(dst) / "tensors.safetensors"
+        t = _tensors_of(dst)
+        if what == "turn_texts":
+            save_file(_swap_turn_texts(t), str(tf))
+            want = "tensor 'turn_text.bytes': its contents differ from the CRC-32"
+        elif what == "gran_rows":
+            t["gran"] = t["gran"][[1, 0, *range(2, t["gran"].shape[0])]].contiguous()
+            save_file(t, str(tf))
+            want = "tensor 'gran': its contents differ"
+        else:
+            mf = version_dir(dst) / "manifest.json"
+            m = json.loads(mf.read_text())
+            m["conversations"][0]["session_dates"].reverse()
+            mf.write_text(json.dumps(m))
+            want = "differ from the CRC-32 checksum the folder's pointer recorded"
+        with pytest.raises(IndexFormatError, match=want) as e:
+            load_index(dst)
+        assert "\n" not in str(e.value)
+        line = one_line_error(run_cli("eval", dst, "--method", "session", "--device", "cpu"))
+        assert "CRC-32" in line
+
+
+def _straddle(t: dict, char: bytes) -> None:
+    """A two-byte character across the end of turn text 0: the whole buffer is UTF-8,
+    but text 0 ends and text 1 starts in the middle of it."""
+    end = int(t["turn_text.offsets"][1])
+    t["turn_text.bytes"][end - 1:end + 1] = torch.tensor(list(char), dtype=torch.uint8)
+
+
+def _two_conversation_index(tmp_path: Path) -> Path:
+    idx = MemoryIndex.from_nodes(torch.randn(5 * 4, 8), [2, 3])
+    idx.graph(device="cpu")
+    return save_index(idx, tmp_path / "two")
+
+
+def test_tampered_contents_with_recomputed_checksums_are_refused(tmp_path, small):
+    """Items 11 and 20: a hostile editor recomputes every checksum; what it changed must
+    still be refused, each with one line naming the file and the field or tensor."""
+    _, path = small
+    edits = {
+        "row_slot_int8": ("t", lambda t, m: t.update(row_slot=t["row_slot"].to(torch.int8)),
+                          "tensor 'row_slot': dtype int8, expected int64"),
+        "row_slot_uint8": ("t", lambda t, m: t.update(row_slot=t["row_slot"].to(torch.uint8)),
+                           "tensor 'row_slot': dtype uint8"),
+        "vocab_int64": ("t", lambda t, m: t.update(
+            {"lexical.vocab.bytes": t["lexical.vocab.bytes"].long()}),
+            "tensor 'lexical.vocab.bytes': dtype int64, expected uint8"),
+        "text_int64": ("t", lambda t, m: t.update(
+            {"turn_text.bytes": t["turn_text.bytes"].long()}),
+            "tensor 'turn_text.bytes': dtype int64, expected uint8"),
+        "text_not_utf8": ("t", lambda t, m: t["turn_text.bytes"].__setitem__(0, 0xFF),
+                          "tensor 'turn_text.bytes': not UTF-8"),
+        "text_cut_char": ("t", lambda t, m: _straddle(t, "é".encode()),
+                          "a string starts inside a UTF-8 character"),
+        "text_few_offsets": ("t", lambda t, m: t.update(
+            {"turn_text.offsets": t["turn_text.offsets"][:-5].clone()}),
+            "tensor 'turn_text.offsets': dimension 0"),
+        "vocab_not_utf8": ("t", lambda t, m: t["lexical.vocab.bytes"].__setitem__(0, 0xC3),
+                           "tensor 'lexical.vocab.bytes': not UTF-8"),
+        "m_float": ("m", lambda t, m: m["params"].update(m=1e30),
+                    "field 'params.m': expected an integer"),
+        "m_huge": ("m", lambda t, m: m["params"].update(m=10**30),
+                   "field 'params.m': 1000000000000000000000000000000 is outside"),
+        "rule": ("m", lambda t, m: m["params"].update(rule="bogus"),
+                 "field 'params.rule': 'bogus' is not one of gmm, topk"),
+        "graph_bogus": ("tm", lambda t, m: (
+            m.update(graphs=["bogus", "gmm"]),
+            t.update({"graph.bogus.indptr": t["graph.gmm.indptr"].clone(),
+                      "graph.bogus.indices": t["graph.gmm.indices"].clone()})),
+            "field 'graphs[0]': 'bogus' is not a graph name"),
+        "pooling": ("m", lambda t, m: m["config"]["encoder"].update(pooling="bogus"),
+                    "field 'config.encoder.pooling': expected one of mean, cls"),
+        "max_length": ("m", lambda t, m: m["config"]["encoder"].update(max_length=-5),
+                       "field 'config.encoder.max_length'"),
+        "source_type": ("m", lambda t, m: m["config"].update(encoder_source="/etc"),
+                        "field 'config.encoder_source': expected an object"),
+        "token_pattern": ("m", lambda t, m: m["lexical"]["tokenizer"].update(
+            token_pattern=r"(\w+\s?)+$"),
+            "field 'lexical.tokenizer.token_pattern': '(\\\\w+\\\\s?)+$' is not a known token"),
+        "stemmer": ("m", lambda t, m: m["lexical"]["tokenizer"].update(stemmer="bogus"),
+                    "field 'lexical.tokenizer.stemmer'"),
+        "dup_session": ("m", lambda t, m: m["conversations"][0]["session_ids"].__setitem__(
+            1, m["conversations"][0]["session_ids"][0]),
+            "field 'conversations[0].session_ids': session id 'session_1' appears twice"),
+    }
+    for what, (kind, edit, want) in edits.items():
+        dst = _copy(path, tmp_path / what)
+        t, m = _tensors_of(dst), _manifest_of(dst)
+        edit(t, m)
+        rewrite_index(dst, m, t if "t" in kind else None)
+        try:
+            load_index(dst)
+            raise AssertionError(f"{what}: loaded")
+        except IndexFormatError as e:
+            msg = str(e)
+        assert "\n" not in msg and str(version_dir(dst)) in msg, (what, msg)
+        assert want in msg, (what, msg)
+    two = _two_conversation_index(tmp_path)
+    m = _manifest_of(two)
+    m["conversations"][1]["id"] = m["conversations"][0]["id"]
+    rewrite_index(two, m)
+    with pytest.raises(IndexFormatError, match="conversation id '0' appears twice"):
+        load_index(two)
+
+
+def test_the_manifest_never_brings_a_regex_that_runs(tmp_path, small):
+    """Item 22: '(\\w+\\s?)+$' in the manifest hung every query past 60 s.  Only a
+    registered pattern is used; a custom one reopens once registered by name."""
+    from memgas_gpu.lexical import Tokenizer
+
+    _, path = small
+    dst = _copy(path, tmp_path / "idx")
+    m = _manifest_of(dst)
+    custom = r"(?u)\b\w+\b"  # words of one character too
+    m["lexical"]["tokenizer"]["token_pattern"] = custom
+    rewrite_index(dst, m)
+    with pytest.raises(IndexFormatError, match="register_token_pattern"):
+        load_index(dst)
+    from memgas_gpu.lexical.tokenize import TOKEN_PATTERNS, register_token_pattern
+
+    try:
+        register_token_pattern("word1", custom)
+        back = load_index(dst)
+        assert back.lexical.tokenizer.tokens("q z violin") == ["q", "z", "violin"]
+    finally:
+        TOKEN_PATTERNS.pop("word1", None)
+    assert Tokenizer(token_pattern="word2").describe() == Tokenizer().describe()
+    with pytest.raises(ValueError, match="taken"):
+        register_token_pattern("word2", custom)
+
+
+def test_the_recorded_encoder_is_resolved_offline(tmp_path, small, monkeypatch):
+    """Item 23: a Hub id in the manifest made opening an index reach for the network
+    (46 s of retries, then OSError); a folder like /etc was handed to transformers."""
+    import socket
+
+    from memgas_gpu.errors import MemgasError
+
+    _, path = small
+    idx = load_index(path)
+    cfg = idx.config
+
+    def no_network(*a, **k):
+        raise AssertionError("a network connection was attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    monkeypatch.delenv("MEMGAS_ALLOW_DOWNLOAD", raising=False)
+    idx.config = dict(cfg, encoder_source={"path": "sentence-transformers/all-MiniLM-L6-v2",
+                                           "bundled": False})
+    with pytest.raises(MemgasError, match="not in the local Hugging Face cache and "
+                                          "downloads are off"):
+        idx.query_encoder()
+    from memgas_gpu.encode import EncoderRecordError, recorded_encoder
+
+    (tmp_path / "bin_only").mkdir()
+    (tmp_path / "bin_only" / "config.json").write_text("{}")
+    (tmp_path / "bin_only" / "pytorch_model.bin").write_bytes(b"pickle")
+    for where, want in (("/etc", "not a model folder"), ("/no/such/dir", "does not exist"),
+                        (str(tmp_path / "bin_only"), "holds no safetensors weights")):
+        with pytest.raises(EncoderRecordError, match=want):
+            recorded_encoder(dict(cfg, encoder_source={"path": where, "bundled": False}))
+    enc = recorded_encoder(cfg)  # the recorded local folder opens, same fingerprint
+    assert enc.fingerprint == cfg["encoder_fingerprint"]
+
+
+def test_search_with_an_encoder_record_naming_etc_is_one_line(tmp_path, small):
+    _, path = small
+    dst = _copy(path, tmp_path / "idx")
+    m = _manifest_of(dst)
+    m["config"]["encoder_source"] = {"path": "/etc", "bundled": False}
+    rewrite_index(dst, m)
+    line = one_line_error(run_cli("search", dst, "violin", "--conversation", "conv-30",
+                                  "--device", "cpu"))
+    assert "'/etc' is not a model folder" in line

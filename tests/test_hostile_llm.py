@@ -35,6 +35,13 @@ class _Server:
 
     def handle(self, h) -> None:
         mode = self.mode
+        self.calls = getattr(self, "calls", 0) + 1
+        if mode == "retry_nan" and self.calls == 1:
+            h.send_response(429)
+            h.send_header("Retry-After", "nan")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         if mode == "huge":  # 64 MiB streamed without a length, in 1 MiB writes
             h.send_response(200)
             h.send_header("Content-Type", "application/json")
@@ -56,6 +63,16 @@ class _Server:
         elif mode == "echo_answer":
             status = 200
             body = json.dumps({"choices": [{"message": {"content": f"your key is {KEY}"}}]})
+        elif mode == "hex":
+            body = '{"error": "invalid key ' + KEY.encode().hex() + '"}'
+        elif mode == "split":  # the key wrapped over two lines of the body
+            body = "invalid key: " + KEY[:17] + "\n" + KEY[17:]
+        elif mode in ("bearer_answer", "surrogate", "retry_nan"):
+            status = 200
+            content = {"surrogate": "caf\udfff and \ud800", "retry_nan": "ok",
+                       "bearer_answer": "header: " + base64.b64encode(
+                           f"Bearer {KEY}".encode()).decode()}[mode]
+            body = json.dumps({"choices": [{"message": {"content": content}}]})
         raw = body.encode()
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
@@ -81,7 +98,7 @@ def _client(server, base=None, **kw) -> ChatClient:
     return ChatClient(cfg, cache=None, progress=False)
 
 
-@pytest.mark.parametrize("mode", ["json_escaped", "cut", "forms"])
+@pytest.mark.parametrize("mode", ["json_escaped", "cut", "forms", "hex", "split"])
 def test_the_key_never_shows_in_errors(server, mode):
     server.mode = mode
     with pytest.raises(LLMRequestError) as e:
@@ -89,7 +106,8 @@ def test_the_key_never_shows_in_errors(server, mode):
     msg = str(e.value)
     assert "HTTP 400" in msg and "***" in msg
     for piece in (KEY[:8], KEY[-8:], "ABCDEFGH", quote(KEY, safe="")[:12],
-                  base64.b64encode(KEY.encode()).decode()[:12]):
+                  base64.b64encode(KEY.encode()).decode()[:12], KEY.encode().hex()[:16],
+                  KEY.encode().hex()[-16:], KEY[10:17], KEY[17:25]):
         assert piece not in msg, (mode, msg)
 
 
@@ -121,3 +139,61 @@ def test_a_huge_response_is_refused_in_bounded_memory(server):
         _client(server, max_response_bytes=1 << 20).map([ChatRequest.user("hi")])
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
     assert grown < 32 << 20  # the 64 MiB body was never held
+
+
+# ---- round 3: items 14 and 25, Retry-After: nan ------------------------------------------
+def _b64_pieces(text: bytes) -> list:
+    """Every 12-character piece of ``text``'s base64 that encodes only key bytes."""
+    enc = base64.b64encode(text).decode()
+    lead = text.index(KEY.encode())
+    first, last = -(-8 * lead // 6), 8 * (lead + len(KEY)) // 6
+    return [enc[i:i + 12] for i in range(first, last - 12, 6)]
+
+
+def test_a_base64_bearer_key_in_an_answer_is_removed_before_caching(server, tmp_path):
+    from memgas_gpu.llm import ResponseCache
+
+    server.mode = "bearer_answer"
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    client = ChatClient(_client(server).config, cache=cache, progress=False)
+    (text,) = client.map([ChatRequest.user("hi")])
+    cache.close()
+    stored = (tmp_path / "c.sqlite").read_bytes()
+    assert "***" in text
+    for piece in _b64_pieces(f"Bearer {KEY}".encode()):
+        assert piece not in text and piece.encode() not in stored, (piece, text)
+
+
+def test_a_lone_surrogate_answer_is_replaced_not_a_crash(server, tmp_path):
+    """Item 14: '\\ud800' from the server failed with UnicodeEncodeError in the cache
+    (and, without one, in the output files)."""
+    from memgas_gpu.llm import ResponseCache
+
+    server.mode = "surrogate"
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    client = ChatClient(_client(server).config, cache=cache, progress=False)
+    (text,) = client.map([ChatRequest.user("hi")])
+    assert text == "caf\ufffd and \ufffd"
+    assert cache.get(client.key(ChatRequest.user("hi"))).text == text
+    cache.close()
+    (text,) = _client(server).map([ChatRequest.user("hi")])  # no cache
+    (tmp_path / "out.txt").write_text(text, encoding="utf-8")
+
+
+def test_retry_after_nan_waits_the_backoff(server, caplog):
+    """'Retry-After: nan' logged "retry in nan s" and did not wait."""
+    import logging
+    import time
+
+    server.mode = "retry_nan"
+    client = _client(server)
+    client = ChatClient(LLMConfig(**{**client.config.__dict__, "max_retries": 2,
+                                     "backoff": 0.2}), cache=None, progress=False)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="memgas_gpu.llm"):
+        assert client.map([ChatRequest.user("hi")]) == ["ok"]
+    waited = time.monotonic() - t0
+    (line,) = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    assert "nan" not in line and "HTTP 429" in line, line
+    delay = float(line.split(" in ")[-1].split()[0])
+    assert 0.1 <= delay < 0.2 + 1e-9 and waited >= 0.1  # the backoff, with jitter

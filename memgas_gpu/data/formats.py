@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .._io import find_surrogate
+from .._io import JSONLimitError, find_surrogate, json_loads
 from ..errors import DataFormatError
 from ._jsonscan import BOM
 from ._validate import RecordContext
@@ -132,9 +132,12 @@ def first_char(path: Path) -> str:
 
 
 def _load_json(path: Path):
+    """The file's JSON (integers of at most 100 digits, no NaN / Infinity)."""
     try:
         with open(path, "rb") as f:
-            return json.load(f)
+            return json_loads(f.read())
+    except JSONLimitError as e:
+        raise DataFormatError(str(path), f"invalid JSON: {e}") from None
     except json.JSONDecodeError as e:
         raise DataFormatError(str(path), f"invalid or truncated JSON: {e.msg} at line "
                               f"{e.lineno} column {e.colno}") from None

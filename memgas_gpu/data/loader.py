@@ -39,7 +39,9 @@ def detect_format(path: Union[str, os.PathLike]) -> str:
     keys = detection_keys()
     with open_json(path) as f:
         try:
-            for pfx, event, value in ijson.parse(f):
+            # use_float: yajl parses integers itself (int64, "integer overflow" beyond);
+            # the default Decimal mode converts each in Python, unchecked (a crash)
+            for pfx, event, value in ijson.parse(f, use_float=True):
                 if event == "map_key" and pfx == prefix:
                     if value in keys:
                         fmt = keys[value]

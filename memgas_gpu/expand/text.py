@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import re
+from typing import Iterator, Optional
 
-__all__ = ["STOPWORDS", "words", "sentences", "strip_role"]
+__all__ = ["STOPWORDS", "words", "iter_words", "sentences", "iter_sentences", "strip_role",
+           "role_end"]
 
 # A compact English stopword list (function words + chat filler).
 STOPWORDS = frozenset("""
@@ -24,26 +26,64 @@ want make made really still something anything everything maybe always never use
 """.split())
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’\-]*")
-_SENT = re.compile(r"(?<=[.!?])\s+|\n+")
-_ROLE = re.compile(r"^\[[^\]\n]{1,64}\]:\s*")
+_NOT_WORD = re.compile(r"[^A-Za-z0-9'’\-]")
+_SENT = re.compile(r"(?<=[.!?])\s+")
+_LINE = re.compile(r"[^\n]+")
+_ROLE = re.compile(r"\[[^\]\n]{1,64}\]:\s*")  # used with match(): at the start only
+_SPACE = re.compile(r"\s*")
+
+
+def role_end(text: str, pos: int = 0, endpos: Optional[int] = None) -> int:
+    """Where the text starting at ``pos`` begins after a ``[role]: `` marker (``pos``
+    when it has none)."""
+    m = _ROLE.match(text, pos, len(text) if endpos is None else endpos)
+    return m.end() if m else pos
 
 
 def strip_role(line: str) -> str:
     """Drop a leading ``[role]: `` marker from a rendered message."""
-    return _ROLE.sub("", line)
+    end = role_end(line)
+    return line[end:] if end else line
+
+
+def iter_words(text: str, chunk: int = 1 << 16, start: int = 0) -> Iterator[str]:
+    """Lower-cased word tokens (apostrophes and hyphens kept inside words) of
+    ``text[start:]``, read in pieces of about ``chunk`` characters cut between words:
+    memory does not grow with the text."""
+    n = len(text)
+    while start < n:
+        end = n
+        if start + chunk < n:
+            cut = _NOT_WORD.search(text, start + chunk)
+            end = cut.start() if cut else n
+        yield from [w.lower().replace("’", "'") for w in _WORD.findall(text, start, end)]
+        start = end
 
 
 def words(text: str) -> list[str]:
-    """Lower-cased word tokens (apostrophes and hyphens kept inside words)."""
-    return [w.lower().replace("’", "'") for w in _WORD.findall(text)]
+    """:func:`iter_words` as a list."""
+    return list(iter_words(text))
+
+
+def iter_sentences(text: str) -> Iterator[str]:
+    """The sentences of rendered session text, without role markers, one at a time
+    (lines are read in place: only the sentences are copied)."""
+    caption = "The image Caption:"
+    for line in _LINE.finditer(text):
+        start, end = line.span()
+        start = role_end(text, _SPACE.match(text, start, end).end(), end)
+        if text.startswith(caption, start, end):
+            start = _SPACE.match(text, start + len(caption), end).end()
+        for cut in _SENT.finditer(text, start, end):
+            s = text[start:cut.start()].strip()
+            if s:
+                yield s
+            start = cut.end()
+        s = text[start:end].strip()
+        if s:
+            yield s
 
 
 def sentences(text: str) -> list[str]:
     """Split rendered session text into sentences, without role markers."""
-    out = []
-    for line in text.split("\n"):
-        line = strip_role(line.strip())
-        if line.startswith("The image Caption:"):
-            line = line[len("The image Caption:"):].strip()
-        out += [s.strip() for s in _SENT.split(line) if s and s.strip()]
-    return out
+    return list(iter_sentences(text))

@@ -9,13 +9,20 @@ Stopword lists: ``"en"`` (alias ``"english"``) is Lucene's 33-word English list,
 ``bm25s`` default; ``"en_plus"`` the longer NLTK-style list (``bm25s``'s
 ``STOPWORDS_EN_PLUS``, 179 words with pronouns and auxiliaries); ``None`` keeps every
 token; any iterable of strings is used as given.
+
+Token patterns are known by name: an index manifest records the tokenizer's settings
+(:meth:`Tokenizer.describe`, the pattern's text, which every release reads the same),
+and :meth:`Tokenizer.from_config` accepts only a pattern of :data:`TOKEN_PATTERNS` (its
+name, or exactly its text), so a tampered manifest cannot make every query run a
+regular expression of its choosing.  A custom pattern is registered by name with
+:func:`register_token_pattern`; indexes built with it then reopen.
 """
 from __future__ import annotations
 
 import re
 from typing import Iterable, Optional, Sequence, Union
 
-__all__ = ["Tokenizer", "STOPWORDS", "Vocabulary"]
+__all__ = ["Tokenizer", "STOPWORDS", "TOKEN_PATTERNS", "Vocabulary", "register_token_pattern"]
 
 _EN = ("a an and are as at be but by for if in into is it no not of on or such that the "
        "their then there these they this to was will with").split()
@@ -35,6 +42,42 @@ _EN_PLUS = (
 
 #: named stopword lists
 STOPWORDS = {"en": tuple(_EN), "english": tuple(_EN), "en_plus": tuple(_EN_PLUS)}
+
+#: named token patterns (the split regex of :class:`Tokenizer`); ``"word2"``: words of
+#: two or more word characters, as ``bm25s`` and scikit-learn split
+TOKEN_PATTERNS = {"word2": r"(?u)\b\w\w+\b"}
+_CONFIG_KEYS = ("lower", "stopwords", "stemmer", "token_pattern")
+#: most stopwords a stored configuration may list
+_MAX_STOPWORDS = 100_000
+
+
+def register_token_pattern(name: str, pattern: str) -> None:
+    """Make ``pattern`` (a regular expression) known as ``name``: tokenizers using it
+    record the name, and indexes that record it (or the pattern's text) reopen.
+
+    Raises:
+        ValueError: ``name`` is taken by another pattern, or ``pattern`` does not compile.
+    """
+    if not isinstance(name, str) or not name or not isinstance(pattern, str):
+        raise ValueError("register_token_pattern(name, pattern) takes two strings")
+    if TOKEN_PATTERNS.get(name, pattern) != pattern:
+        raise ValueError(f"token pattern name {name!r} is taken by {TOKEN_PATTERNS[name]!r}")
+    re.compile(pattern)
+    TOKEN_PATTERNS[name] = pattern
+
+
+def _pattern_name(pattern: str) -> Optional[str]:
+    if pattern in TOKEN_PATTERNS:
+        return pattern
+    return next((n for n, p in TOKEN_PATTERNS.items() if p == pattern), None)
+
+
+def _stemmers() -> tuple:
+    try:
+        import Stemmer
+    except ImportError:  # pragma: no cover - depends on the environment
+        return ()
+    return tuple(Stemmer.algorithms())
 
 
 def _stemmer(name: Optional[str]):
@@ -56,7 +99,9 @@ class Tokenizer:
         stopwords: ``"en"`` (default; Lucene's list, as ``bm25s``), ``"en_plus"``, a
             sequence of words, or ``None``.
         stemmer: a Snowball language for PyStemmer (default ``"english"``) or ``None``.
-        token_pattern: the split regex (default ``r"(?u)\\b\\w\\w+\\b"``, as ``bm25s``).
+        token_pattern: a name of :data:`TOKEN_PATTERNS` (default ``"word2"``:
+            ``r"(?u)\\b\\w\\w+\\b"``, as ``bm25s``) or a regex (an index built with an
+            unregistered one reopens only after :func:`register_token_pattern`).
 
     Example:
         >>> Tokenizer()("The cats were running!")
@@ -65,7 +110,7 @@ class Tokenizer:
 
     def __init__(self, lower: bool = True, stopwords: Union[str, Sequence[str], None] = "en",
                  stemmer: Optional[str] = "english",
-                 token_pattern: str = r"(?u)\b\w\w+\b") -> None:
+                 token_pattern: str = "word2") -> None:
         if isinstance(stopwords, str):
             if stopwords not in STOPWORDS:
                 raise ValueError(f"unknown stopword list {stopwords!r}; choose from "
@@ -80,8 +125,9 @@ class Tokenizer:
         self.lower = lower
         self.stopwords = frozenset(stop)
         self.stemmer_name = stemmer
-        self.token_pattern = token_pattern
-        self._split = re.compile(token_pattern).findall
+        #: the split regex (a name of :data:`TOKEN_PATTERNS` is resolved)
+        self.token_pattern = TOKEN_PATTERNS.get(token_pattern, token_pattern)
+        self._split = re.compile(self.token_pattern).findall
         self._stem = _stemmer(stemmer)
         self._cache: dict[str, str] = {}
 
@@ -96,8 +142,44 @@ class Tokenizer:
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
+    @staticmethod
+    def check_config(config) -> None:
+        """Refuse stored settings this package would not write: unknown keys, a
+        token pattern that is not registered, an unknown stopword list or stemmer.
+
+        Raises:
+            ValueError: ``"FIELD: what is wrong"``, one line.
+        """
+        if not isinstance(config, dict):
+            raise ValueError(f"(tokenizer): expected an object, got {type(config).__name__}")
+        for k in config:
+            if k not in _CONFIG_KEYS:
+                raise ValueError(f"{k}: unknown setting (known: {', '.join(_CONFIG_KEYS)})")
+        lower, stop = config.get("lower", True), config.get("stopwords", "en")
+        stem, pattern = config.get("stemmer", "english"), config.get("token_pattern", "word2")
+        if not isinstance(lower, bool):
+            raise ValueError(f"lower: expected true or false, got {type(lower).__name__}")
+        if isinstance(stop, str):
+            if stop not in STOPWORDS:
+                raise ValueError(f"stopwords: unknown list {stop[:40]!r} (known: "
+                                 f"{', '.join(STOPWORDS)})")
+        elif stop is not None and not (isinstance(stop, list) and len(stop) <= _MAX_STOPWORDS
+                                       and all(isinstance(w, str) for w in stop)):
+            raise ValueError("stopwords: expected a list name, a list of at most "
+                             f"{_MAX_STOPWORDS} strings or null")
+        if stem is not None and (not isinstance(stem, str) or stem not in _stemmers()):
+            raise ValueError(f"stemmer: {str(stem)[:40]!r} is not a Snowball stemmer of "
+                             "PyStemmer (or PyStemmer is missing)")
+        if not isinstance(pattern, str) or _pattern_name(pattern) is None:
+            raise ValueError(f"token_pattern: {str(pattern)[:60]!r} is not a known token "
+                             f"pattern (known: {', '.join(TOKEN_PATTERNS)}); an index built "
+                             "with a custom one needs register_token_pattern(name, pattern)")
+
     @classmethod
     def from_config(cls, config: dict) -> "Tokenizer":
+        """The tokenizer of stored settings (:meth:`describe`), after
+        :meth:`check_config`: never a regular expression the settings bring along."""
+        cls.check_config(config)
         return cls(**config)
 
     def _stem_all(self, words: list[str]) -> list[str]:

@@ -20,12 +20,14 @@ import asyncio
 import concurrent.futures
 import email.utils
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 from urllib.parse import urlsplit
 
+from .._io import replace_surrogates
 from ..progress import Progress
 from .cache import CachedResponse, ResponseCache, request_key
 from .config import LLMConfig, LLMError, public_url, redact, url_secrets
@@ -99,9 +101,11 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     if not value:
         return None
     try:
-        return min(max(float(value), 0.0), _RETRY_AFTER_MAX)
+        seconds = float(value)
     except ValueError:
         pass
+    else:  # "nan" parses as a float and compares false with everything: ignored
+        return None if math.isnan(seconds) else min(max(seconds, 0.0), _RETRY_AFTER_MAX)
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError):
@@ -360,6 +364,7 @@ class ChatClient:
             return v if isinstance(v, int) and v >= 0 else 0
 
         # a server that echoes the key into the answer must not get it into the cache
-        # or the output files
-        return CachedResponse(self._redact(content.strip()), _int(usage.get("prompt_tokens")),
+        # or the output files; a lone surrogate ("\ud800") could not be written there
+        return CachedResponse(self._redact(replace_surrogates(content.strip())),
+                              _int(usage.get("prompt_tokens")),
                               _int(usage.get("completion_tokens")))

@@ -12,7 +12,9 @@ The key is kept out of ``repr``, :meth:`LLMConfig.describe` and every message.
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -43,9 +45,24 @@ def _strip_userinfo(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
+def _base64_cores(raw: bytes) -> set[str]:
+    """The characters that encode ``raw`` inside any longer base64 text (``Bearer KEY``,
+    ``user:KEY``): one string per alignment of ``raw`` in the 3-byte groups, standard
+    and URL-safe alphabets."""
+    import base64
+
+    cores = set()
+    for lead in range(3):
+        enc = base64.b64encode(bytes(lead) + raw + bytes(2)).decode()
+        core = enc[-(-8 * lead // 6):8 * (lead + len(raw)) // 6]  # only raw's bits
+        cores |= {core, core.replace("+", "-").replace("/", "_")}
+    return cores
+
+
 def secret_forms(secret: Optional[str]) -> list[str]:
     """``secret`` as a server may echo it: raw, JSON-escaped (``\\/`` too),
-    URL-quoted, base64 and HTML-escaped; longest first."""
+    URL-quoted, HTML-escaped, hex (either case) and base64 (alone or inside a longer
+    encoded text such as ``Bearer KEY``, either alphabet); longest first."""
     import base64
     import html
     import json
@@ -53,20 +70,31 @@ def secret_forms(secret: Optional[str]) -> list[str]:
 
     if not secret or len(secret) < 4:
         return []
+    raw = secret.encode()
     forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret)[1:-1].replace("/", "\\/"),
              json.dumps(secret, ensure_ascii=False)[1:-1], quote(secret, safe=""),
              quote_plus(secret), html.escape(secret), repr(secret)[1:-1],
-             base64.b64encode(secret.encode()).decode().rstrip("=")}
+             base64.b64encode(raw).decode().rstrip("="), raw.hex(), raw.hex().upper(),
+             *_base64_cores(raw)}
     return sorted(forms, key=len, reverse=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _secret_pattern(secret: str) -> Optional["re.Pattern"]:
+    """Every form of ``secret``, each allowed to be split by whitespace or an escaped
+    line break (a key wrapped over two lines of a body)."""
+    forms = secret_forms(secret)
+    if not forms:
+        return None
+    gap = r"(?:\s|\\[nrt])*"
+    return re.compile("|".join(gap.join(map(re.escape, f)) for f in forms))
 
 
 def redact(text: str, secret: Optional[str]) -> str:
     """``text`` with every occurrence of ``secret``, in any of its
-    :func:`secret_forms`, replaced by ``***``."""
-    for form in secret_forms(secret):
-        if form in text:
-            text = text.replace(form, "***")
-    return text
+    :func:`secret_forms` and even split by whitespace, replaced by ``***``."""
+    pattern = _secret_pattern(secret) if secret else None
+    return pattern.sub("***", text) if pattern is not None else text
 
 
 def url_secrets(url: str) -> list[str]:

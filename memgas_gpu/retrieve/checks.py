@@ -1,29 +1,48 @@
 """Validation of an index folder's manifest and tensors before a :class:`MemoryIndex`
-is made of them (``docs/index-format.md``, ``docs/failure.md``).
+is made of them (``docs/index-format.md``, ``docs/failure.md``), on load and, before
+anything is written, on save.
 
-Every inconsistency (a missing or mistyped key, a shape, offset or index out of
-range, a NaN embedding) raises :class:`IndexFormatError` naming the file and the
-field, so a corrupted or hand-edited index fails with one line instead of a traceback
-or, worse, a silent wrong ranking.
+Every inconsistency (a missing or mistyped key, a value out of range, an unknown graph
+or tokenizer, an exact dtype, a shape, offset or index out of range, text that is not
+UTF-8, a NaN embedding, contents that differ from the checksums written with them)
+raises :class:`IndexFormatError` naming the file and the field, so a corrupted or
+hand-edited index fails with one line instead of a traceback or, worse, a silent wrong
+ranking.  Every check is a few vectorised tensor operations or one pass of C code
+(UTF-8 decoding, CRC-32) over a tensor: no Python loop over the elements.
 """
 from __future__ import annotations
 
+import codecs
+import re
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
+from ..lexical.tokenize import Tokenizer
+from .signals import RESERVED_TABLES
 
-__all__ = ["IndexFormatError", "check_manifest", "check_tensors", "EMBEDDINGS"]
+__all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
+           "EMBEDDINGS", "MAX_SETTING"]
 
-#: tensors holding embeddings: refused when they hold NaN or inf ("hybrid" is the
-#: name "concat" had in indexes written before 0.2)
-EMBEDDINGS = ("gran", "concat", "hybrid", "q_emb", "turns")
-_PARAMS = {"m": int, "skip_sessions": int, "rule": str, "topk": int}
+#: tensors holding embeddings: refused when they hold NaN or inf
+EMBEDDINGS = ("gran", "concat", "q_emb", "turns")
+#: largest value of the graph settings ``m`` and ``topk`` (candidates per node)
+MAX_SETTING = 1 << 20
+#: graph settings: type, smallest and largest value (or the allowed strings)
+_PARAMS = {"m": (int, 1, MAX_SETTING), "skip_sessions": (int, 0, 1 << 31),
+           "rule": (str, ("gmm", "topk")), "topk": (int, 1, MAX_SETTING)}
+_GRAPH_NAME = re.compile(r"gmm|topk[1-9][0-9]{0,6}")
 _QUESTION = {"id": str, "text": str, "type": str, "date": str, "answer": str,
              "evidence_session_ids": list, "is_abstention": bool}
 _LEXICAL_GROUPS = ("S", "T", "U", "K", "q")
+_INTS = (torch.int64,)
+_BYTES = (torch.uint8,)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 class IndexFormatError(MemgasError):
@@ -53,21 +72,48 @@ def _strings(where: str, value: list, field: str) -> None:
                                    f"{type(s).__name__}")
 
 
-def check_manifest(where: str, m: Any) -> None:
-    """Types and keys of a full (not pointer) manifest; ``where`` names the file."""
-    if not isinstance(m, dict):
-        raise IndexFormatError(f"{where}: expected a JSON object, got {type(m).__name__}")
-    params = _want(where, m, "params", dict, "params")
+def _unique(where: str, values: list, field: str, what: str) -> None:
+    if len(set(values)) != len(values):
+        seen = set()
+        dup = next(v for v in values if v in seen or seen.add(v))
+        raise IndexFormatError(f"{where}: field {field!r}: {what} {dup[:80]!r} appears twice")
+
+
+def _check_params(where: str, params: dict) -> None:
     for k, v in params.items():
         if k not in _PARAMS:
             raise IndexFormatError(f"{where}: field 'params.{k}': unknown setting (known: "
                                    f"{', '.join(_PARAMS)})")
-        _want(where, params, k, _PARAMS[k], f"params.{k}")
-        if _PARAMS[k] is int and v < 0:
-            raise IndexFormatError(f"{where}: field 'params.{k}': negative ({v})")
-    _strings(where, _want(where, m, "graphs", list, "graphs"), "graphs")
-    _want(where, m, "config", dict, "config")
-    for c, conv in enumerate(_want(where, m, "conversations", list, "conversations")):
+        typ, *limits = _PARAMS[k]
+        _want(where, params, k, typ, f"params.{k}")
+        if typ is str and v not in limits[0]:
+            raise IndexFormatError(f"{where}: field 'params.{k}': {v[:40]!r} is not one of "
+                                   f"{', '.join(limits[0])}")
+        if typ is int and not limits[0] <= v <= limits[1]:
+            raise IndexFormatError(f"{where}: field 'params.{k}': {str(v)[:40]} is outside "
+                                   f"[{limits[0]}, {limits[1]}]")
+
+
+def check_manifest(where: str, m: Any) -> None:
+    """Types, ranges and keys of a full (not pointer) manifest; ``where`` names the
+    file."""
+    if not isinstance(m, dict):
+        raise IndexFormatError(f"{where}: expected a JSON object, got {type(m).__name__}")
+    _check_params(where, _want(where, m, "params", dict, "params"))
+    graphs = _want(where, m, "graphs", list, "graphs")
+    _strings(where, graphs, "graphs")
+    for i, g in enumerate(graphs):
+        if not _GRAPH_NAME.fullmatch(g):
+            raise IndexFormatError(f"{where}: field 'graphs[{i}]': {g[:40]!r} is not a graph "
+                                   "name ('gmm' or 'topk' and a number)")
+    _unique(where, graphs, "graphs", "graph")
+    config = _want(where, m, "config", dict, "config")
+    try:
+        check_encoder_record(config)
+    except EncoderRecordError as e:
+        raise IndexFormatError(f"{where}: {e}") from None
+    convs = _want(where, m, "conversations", list, "conversations")
+    for c, conv in enumerate(convs):
         f = f"conversations[{c}]"
         _want(where, conv, "id", str, f"{f}.id")
         ids = _want(where, conv, "session_ids", list, f"{f}.session_ids")
@@ -77,6 +123,8 @@ def check_manifest(where: str, m: Any) -> None:
         if len(ids) != len(dates):
             raise IndexFormatError(f"{where}: field '{f}.session_dates': {len(dates)} dates "
                                    f"for {len(ids)} sessions")
+        _unique(where, ids, f"{f}.session_ids", "session id")
+    _unique(where, [c["id"] for c in convs], "conversations", "conversation id")
     for i, q in enumerate(_want(where, m, "questions", list, "questions")):
         for k, typ in _QUESTION.items():
             _want(where, q, k, typ, f"questions[{i}].{k}")
@@ -84,13 +132,49 @@ def check_manifest(where: str, m: Any) -> None:
         if "evidence_turn_ids" in q:  # optional: indexes written before turn evidence
             _want(where, q, "evidence_turn_ids", list, f"questions[{i}].evidence_turn_ids")
             _strings(where, q["evidence_turn_ids"], f"questions[{i}].evidence_turn_ids")
+    if "tables" in m:  # dense tables of signals with a text of their own ("concat", ...)
+        _names(where, _want(where, m, "tables", list, "tables"), "tables")
     lex = m.get("lexical")
     if lex is not None:
         _want(where, m, "lexical", dict, "lexical")
-        _want(where, lex, "tokenizer", dict, "lexical.tokenizer")
+        if "granularities" in lex:
+            keys = _want(where, lex, "granularities", list, "lexical.granularities")
+            _names(where, keys, "lexical.granularities")
+            if not set(_LEXICAL_GROUPS[:-1]) <= set(keys):
+                raise IndexFormatError(f"{where}: field 'lexical.granularities': must hold "
+                                       f"{', '.join(_LEXICAL_GROUPS[:-1])}")
+        tok = _want(where, lex, "tokenizer", dict, "lexical.tokenizer")
+        try:
+            Tokenizer.check_config(tok)
+        except ValueError as e:
+            field, _, what = str(e).partition(": ")
+            raise IndexFormatError(f"{where}: field 'lexical.tokenizer.{field}': {what}") \
+                from None
+    sums = m.get("tensor_crc32")
+    if sums is not None:
+        _want(where, m, "tensor_crc32", dict, "tensor_crc32")
+        for k, v in sums.items():
+            if type(v) is not int or not 0 <= v < 1 << 32:
+                raise IndexFormatError(f"{where}: field 'tensor_crc32.{k[:80]}': expected "
+                                       "an integer from 0 to 2**32 - 1")
 
 
-def _tensor(where: str, t: dict, name: str, ndim: int, *, floating: bool = False,
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _names(where: str, names: list, field: str) -> None:
+    """Table or document-set names: distinct identifiers, none of the index's own."""
+    for i, x in enumerate(names):
+        if not isinstance(x, str) or not _NAME.fullmatch(x) or x in RESERVED_TABLES \
+                or x == "q":
+            raise IndexFormatError(f"{where}: field '{field}[{i}]': expected a name of at "
+                                   "most 64 letters, digits or '_', not one of the index's "
+                                   "own tensors")
+    if len(set(names)) != len(names):
+        raise IndexFormatError(f"{where}: field '{field}': a name appears twice")
+
+
+def _tensor(where: str, t: dict, name: str, ndim: int, dtypes: tuple = _INTS,
             shape: Optional[tuple] = None) -> Tensor:
     if name not in t:
         raise IndexFormatError(f"{where}: tensor {name!r}: missing")
@@ -98,8 +182,10 @@ def _tensor(where: str, t: dict, name: str, ndim: int, *, floating: bool = False
     if x.dim() != ndim:
         raise IndexFormatError(f"{where}: tensor {name!r}: expected {ndim} dimensions, got "
                                f"shape {list(x.shape)}")
-    if floating != x.dtype.is_floating_point or (not floating and x.dtype == torch.bool):
-        raise IndexFormatError(f"{where}: tensor {name!r}: unexpected dtype {x.dtype}")
+    if x.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise IndexFormatError(f"{where}: tensor {name!r}: dtype "
+                               f"{str(x.dtype).replace('torch.', '')}, expected {want}")
     if shape is not None:
         for i, (got, want) in enumerate(zip(x.shape, shape)):
             if want is not None and got != want:
@@ -130,8 +216,46 @@ def _csr(where: str, t: dict, pre: str, n_rows: Optional[int], n_cols: int) -> N
     _in_range(where, f"{pre}.indices", indices, 0, n_cols)
 
 
-def check_tensors(where: str, t: dict, m: dict) -> None:
-    """Shapes, dtypes, offsets and indices of the tensors against manifest ``m``."""
+def _texts(where: str, t: dict, pre: str, n: Optional[int]) -> None:
+    """A packed string table (``PRE.bytes`` uint8, ``PRE.offsets`` int64) of ``n``
+    strings (if given): offsets from 0 to the end of the bytes (an empty table may keep
+    one pad byte), every string valid UTF-8 and cut at character boundaries."""
+    data = _tensor(where, t, f"{pre}.bytes", 1, _BYTES)
+    off = _tensor(where, t, f"{pre}.offsets", 1, shape=(None if n is None else n + 1,))
+    # TextTable.from_strings keeps one pad byte when every string is empty
+    pad = data.numel() == 1 and off.numel() > 0 and int(off[-1]) == 0
+    end = 0 if pad else data.numel()
+    _pointers(where, f"{pre}.offsets", off, end)
+    raw = data[:end].numpy()
+    try:
+        codecs.utf_8_decode(raw, "surrogatepass", True)
+    except UnicodeDecodeError as e:
+        raise IndexFormatError(f"{where}: tensor '{pre}.bytes': not UTF-8 text at byte "
+                               f"{e.start} ({e.reason})") from None
+    starts = off[:-1][off[:-1] < end]
+    if bool(((data[starts] & 0xC0) == 0x80).any()):
+        raise IndexFormatError(f"{where}: tensor '{pre}.offsets': a string starts inside a "
+                               "UTF-8 character")
+
+
+def _crc32(x: Tensor) -> int:
+    flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
+    return zlib.crc32(flat.numpy())  # releases the GIL: threads overlap
+
+
+def tensor_checksums(tensors: dict) -> dict:
+    """``{name: CRC-32 of the tensor's bytes}`` (recorded in the manifest on save,
+    compared on load: a file changed or damaged after it was written is refused),
+    computed on a few threads."""
+    names = sorted(tensors, key=lambda k: -tensors[k].numel() * tensors[k].element_size())
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip(names, pool.map(lambda k: _crc32(tensors[k]), names)))
+
+
+def check_tensors(where: str, t: dict, m: dict, checksums: bool = True) -> None:
+    """Dtypes, shapes, offsets, indices and texts of the tensors against manifest ``m``
+    (checked by :func:`check_manifest`), then, with ``checksums``, their contents against
+    the manifest's ``tensor_crc32`` (when it has them)."""
     n_conv, n_q = len(m["conversations"]), len(m["questions"])
     offsets = _tensor(where, t, "conv_offsets", 1, shape=(n_conv + 1,))
     row_slot = _tensor(where, t, "row_slot", 1)
@@ -140,37 +264,38 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
     sizes = (offsets[1:] - offsets[:-1]).tolist()
     for c, conv in enumerate(m["conversations"]):
         if sizes[c] != len(conv["session_ids"]):
-            raise IndexFormatError(f"{where}: conversation {c} ({conv['id']!r}) has "
+            raise IndexFormatError(f"{where}: conversation {c} ({conv['id'][:80]!r}) has "
                                    f"{len(conv['session_ids'])} session ids but "
                                    f"{sizes[c]} rows in 'conv_offsets'")
-    gran = _tensor(where, t, "gran", 3, floating=True, shape=(None, 4, None))
+    gran = _tensor(where, t, "gran", 3, _FLOATS, shape=(None, 4, None))
     n_slots, dim = gran.shape[0], gran.shape[2]
     _in_range(where, "row_slot", row_slot, 0, n_slots)
-    for name in ("concat", "hybrid"):
-        if name in t:
-            _tensor(where, t, name, 2, floating=True, shape=(n_slots, dim))
-    _tensor(where, t, "q_emb", 2, floating=True, shape=(n_q, dim))
+    tables = m.get("tables", ["concat"] if "concat" in t else [])
+    for name in tables:
+        _tensor(where, t, name, 2, _FLOATS, shape=(n_slots, dim))
+    _tensor(where, t, "q_emb", 2, _FLOATS, shape=(n_q, dim))
     q_conv = _tensor(where, t, "q_conv", 1, shape=(n_q,))
     _in_range(where, "q_conv", q_conv, 0, n_conv)
-    if "turns" in t or "turn_ptr" in t:
-        turns = _tensor(where, t, "turns", 2, floating=True, shape=(None, dim))
+    n_turns = None
+    if any(k in t for k in ("turn_ptr", "turns", "turn_text.bytes", "turn_text.offsets")):
+        # turn_ptr alone: an index built with keep_turns=False and keep_text=False
         ptr = _tensor(where, t, "turn_ptr", 1, shape=(n_slots + 1,))
-        _pointers(where, "turn_ptr", ptr, turns.shape[0])
-    if "turn_text.bytes" in t or "turn_text.offsets" in t:
-        tb = _tensor(where, t, "turn_text.bytes", 1)
-        _pointers(where, "turn_text.offsets", _tensor(where, t, "turn_text.offsets", 1),
-                  tb.numel())
+        _pointers(where, "turn_ptr", ptr)
+        n_turns = int(ptr[-1])
+        if "turns" in t:
+            _tensor(where, t, "turns", 2, _FLOATS, shape=(n_turns, dim))
+        if "turn_text.bytes" in t or "turn_text.offsets" in t:
+            _texts(where, t, "turn_text", n_turns)
     for g in m["graphs"]:
         _csr(where, t, f"graph.{g}", 4 * n_rows, 4 * n_rows)
     if m.get("lexical"):
-        vb = _tensor(where, t, "lexical.vocab.bytes", 1)
-        vo = _tensor(where, t, "lexical.vocab.offsets", 1)
-        _pointers(where, "lexical.vocab.offsets", vo, vb.numel())
-        n_terms = vo.numel() - 1
-        for g in _LEXICAL_GROUPS:
+        _texts(where, t, "lexical.vocab", None)
+        n_terms = t["lexical.vocab.offsets"].numel() - 1
+        groups = [*m["lexical"].get("granularities", _LEXICAL_GROUPS[:-1]), "q"]
+        for g in groups:
             rows = n_q if g == "q" else None
             _csr(where, t, f"lexical.{g}", rows, n_terms)
-            tf = _tensor(where, t, f"lexical.{g}.tf", 1, floating=True)
+            tf = _tensor(where, t, f"lexical.{g}.tf", 1, _FLOATS)
             if not bool(torch.isfinite(tf).all()) or bool((tf < 0).any()):
                 raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': negative, NaN or "
                                        "inf term counts")
@@ -182,7 +307,7 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
                 ptr = _tensor(where, t, f"lexical.{g}.doc_ptr", 1, shape=(n_slots + 1,))
                 _pointers(where, f"lexical.{g}.doc_ptr", ptr,
                           t[f"lexical.{g}.indptr"].numel() - 1)
-    for name in EMBEDDINGS:
+    for name in (*EMBEDDINGS, *tables):
         if name not in t:
             continue
         # a norm that overflows float32 (|x| ~ 1e19) would make NaN similarities too
@@ -192,4 +317,18 @@ def check_tensors(where: str, t: dict, m: dict) -> None:
             raise IndexFormatError(f"{where}: tensor {name!r}: {bad} embedding(s) hold NaN "
                                    "or inf, or overflow (a corrupted file or a bad encoder "
                                    "output); rebuild the index")
-
+    want = m.get("tensor_crc32") if checksums else None
+    if want is not None:
+        missing = sorted(set(want) ^ set(t))
+        if missing:
+            raise IndexFormatError(f"{where}: tensor {missing[0][:80]!r}: "
+                                   f"{'missing' if missing[0] in want else 'not listed'} "
+                                   "in the manifest's checksums (the file was changed after "
+                                   "it was written)")
+        got = tensor_checksums(t)
+        for name in sorted(t):
+            if got[name] != want[name]:
+                raise IndexFormatError(f"{where}: tensor {name!r}: its contents differ from "
+                                       "the CRC-32 checksum written with them (the file was "
+                                       "changed or damaged after it was written); rebuild "
+                                       "or restore the index")

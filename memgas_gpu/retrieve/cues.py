@@ -228,7 +228,10 @@ def question_interval(text: str, anchor: Optional[date] = None,
         except (ValueError, OverflowError):
             continue
         if gran.endswith("noyear") and d > anchor:
-            d = d.replace(year=d.year - 1)
+            try:  # year 1 has no year before it; 29 February may not exist in it
+                d = d.replace(year=d.year - 1)
+            except ValueError:
+                continue
         if gran.startswith("month"):
             last = calendar.monthrange(d.year, d.month)[1]
             return days_since_epoch(d.replace(day=1)), days_since_epoch(d.replace(day=last))
@@ -236,16 +239,20 @@ def question_interval(text: str, anchor: Optional[date] = None,
     if question_date is None:
         return None
     q = question_date
-    for pat, back, fwd in _RELATIVE:
-        if re.search(pat, text, re.I):
-            return days_since_epoch(q - timedelta(days=back)), days_since_epoch(q - timedelta(days=fwd))
-    m = _AGO.search(text)
-    if m:
-        g = m.group(1).lower()
-        n = int(g) if g.isdigit() else _NUM[g]
-        back = n * _UNIT[m.group(2).lower()]
-        slack = max(2, back // 4)
-        return days_since_epoch(q - timedelta(days=back + slack)), days_since_epoch(q - timedelta(days=back - slack))
+    try:  # OverflowError: an interval before year 1 or after 9999
+        for pat, back, fwd in _RELATIVE:
+            if re.search(pat, text, re.I):
+                return days_since_epoch(q - timedelta(days=back)), days_since_epoch(q - timedelta(days=fwd))
+        m = _AGO.search(text)
+        if m:
+            g = m.group(1).lower()
+            n = int(g) if g.isdigit() else _NUM[g]
+            back = n * _UNIT[m.group(2).lower()]
+            slack = max(2, back // 4)
+            return (days_since_epoch(q - timedelta(days=back + slack)),
+                    days_since_epoch(q - timedelta(days=back - slack)))
+    except OverflowError:
+        return None
     return None
 
 

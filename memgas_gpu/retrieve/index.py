@@ -90,6 +90,10 @@ class MemoryIndex:
         self.q_conv = q_conv
         self.params = params
         self.config = config
+        #: the folder and version this index was loaded from or last saved to
+        #: (:class:`~memgas_gpu.retrieve.persist.FolderVersion`), else None; a save into
+        #: that folder after another writer's is refused (docs/failure.md)
+        self.folder_version = None
         self._encoder = None
         self._write_lock = threading.RLock()
         self._cache = ViewCache(max_views)
@@ -335,12 +339,13 @@ class MemoryIndex:
 
         return search(self, conversation_id, queries, k=k, method=method, **kwargs)
 
-    def save(self, path, dtype: torch.dtype = torch.float32):
-        """Write the index folder (see ``docs/index-format.md``) from one snapshot
-        (writes running meanwhile are not in it)."""
+    def save(self, path, dtype: torch.dtype = torch.float32, **options):
+        """Write the index folder (see ``docs/index-format.md``) from one snapshot (writes
+        running meanwhile are not in it); ``options``: ``force``, ``lock_timeout`` of
+        :func:`~memgas_gpu.retrieve.persist.save_index`."""
         from .persist import save_index
 
-        return save_index(self, path, dtype=dtype)
+        return save_index(self, path, dtype=dtype, **options)
 
     @classmethod
     def load(cls, path) -> "MemoryIndex":
@@ -352,26 +357,21 @@ class MemoryIndex:
     # ------------------------------------------------------------------ encoder
     def query_encoder(self, encoder: Any = None):
         """The encoder for new queries: ``encoder``, the one :meth:`build` used in this
-        process, or the one the index records (reloaded once).
+        process, or the one the index records (reloaded once, without network access
+        unless allowed: :func:`memgas_gpu.encode.recorded_encoder`).
 
         Raises:
             EncoderMismatchError: its fingerprint differs from the index's.
+            EncoderRecordError: the recorded encoder cannot be opened here.
         """
         enc = encoder or self._encoder
         if enc is None:
-            src = self.config.get("encoder_source")
-            d = self.config.get("encoder") or {}
-            if not src:
+            if not self.config.get("encoder_source"):
                 raise EncoderMismatchError("this index does not record its encoder (built "
                                            "with a custom one): pass encoder=")
-            from ..encode import Encoder
+            from ..encode import recorded_encoder  # offline unless downloads are allowed
 
-            enc = Encoder(None if src.get("bundled") else src["path"],
-                          pooling=d.get("pooling", "mean"),
-                          normalize=d.get("normalize", "auto"),
-                          max_length=d.get("max_length"),
-                          long_text=d.get("long_text", "truncate"),
-                          chunk_stride=d.get("chunk_stride"), dtype=d.get("dtype"))
+            enc = recorded_encoder(self.config)
         self._check_encoder(enc)
         if encoder is None:
             self._encoder = enc

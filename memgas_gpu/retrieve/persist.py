@@ -1,44 +1,45 @@
 """Save / load a :class:`MemoryIndex`: safetensors + a versioned JSON manifest.
 
-See ``docs/index-format.md``. No pickle anywhere: tensors go to one safetensors
-file, everything else (conversation and question metadata, build configuration)
-to ``manifest.json``.  The folder layout and its atomic replacement are
-:mod:`.layout`'s; the validation of what is read, :mod:`.checks`'.
+See ``docs/index-format.md`` and ``docs/failure.md``. No pickle anywhere: tensors go to
+one safetensors file, everything else (conversation and question metadata, build
+configuration, the tensors' CRC-32 checksums) to ``manifest.json``.  The folder's files,
+their atomic replacement and the writers' lock are :mod:`.storage`'s; the validation of
+what is read, and of what is about to be written, :mod:`.checks`'.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
+from .._io import find_surrogate, json_loads, may_hold_surrogate
 from ..data.model import Question
-from .checks import IndexFormatError, check_manifest, check_tensors
-from .layout import FORMAT_NAME, FORMAT_VERSION, read_index_dir, write_index_dir
+from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
 from .meta import ConversationMeta, GraphParams
+from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
+                      IndexConflictError, IndexLockError, read_index_dir, write_index_dir)
 from .texts import TextTable
 
-__all__ = ["save_index", "load_index", "FORMAT_VERSION", "IndexFormatError"]
+__all__ = ["save_index", "load_index", "FORMAT_VERSION", "FolderVersion", "IndexFormatError",
+           "IndexConflictError", "IndexLockError"]
 
 
-def save_index(index, path: Union[str, os.PathLike],
-               dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``index`` to the folder ``path``; an index already there is replaced
-    atomically (readers see the old or the new one, never none; see :mod:`.layout`).
+def _dense(index) -> dict:
+    """The index's dense tables: ``"concat"`` and those of registered signals."""
+    if hasattr(index, "tables"):
+        return index.tables.dense
+    return {"concat": index.concat} if index.concat is not None else {}
 
-    Raises:
-        IndexFormatError: ``path`` is a file, or a folder that is not an index.
-    """
-    if hasattr(index, "snapshot"):  # one consistent state, whatever writers do meanwhile
-        index = index.snapshot()
+
+def _tensors(index, dtype: torch.dtype) -> dict:
     tensors = {
         "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
         "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
     }
-    dense = index.tables.dense if hasattr(index, "tables") else (
-        {"concat": index.concat} if index.concat is not None else {})
-    for name, x in dense.items():  # "concat" and the tables of registered signals
+    for name, x in _dense(index).items():
         tensors[name] = x.to(dtype)
     if index.turn_ptr is not None:
         tensors["turn_ptr"] = index.turn_ptr
@@ -53,10 +54,15 @@ def save_index(index, path: Union[str, os.PathLike],
     for key, (indptr, indices) in index.graphs.items():
         tensors[f"graph.{key}.indptr"] = indptr
         tensors[f"graph.{key}.indices"] = indices
-    manifest = {
+    return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+
+def _manifest(index, tensors: dict) -> dict:
+    lexical = getattr(index, "lexical", None)
+    return {
         "format": FORMAT_NAME, "version": FORMAT_VERSION,
         "params": vars(index.params), "graphs": sorted(index.graphs),
-        "tables": sorted(dense),
+        "tables": sorted(_dense(index)),
         "config": index.config,
         "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
@@ -65,27 +71,88 @@ def save_index(index, path: Union[str, os.PathLike],
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
                        "evidence_turn_ids": list(q.evidence_turn_ids),
                        "is_abstention": q.is_abstention} for q in index.questions],
+        "tensor_crc32": tensor_checksums(tensors),
     }
-    return write_index_dir(Path(path), {k: v.contiguous().cpu() for k, v in tensors.items()},
-                           manifest)
+
+
+def _as_stored(path: Path, manifest: dict) -> tuple[str, dict]:
+    """``manifest`` as JSON text and as a reader will get it back, or a one-line
+    refusal."""
+    try:
+        # no indent: json's C encoder (indent selects the pure-Python one, 10x slower)
+        text = json.dumps(manifest, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise IndexFormatError(f"{path}: the index cannot be saved: its metadata is not "
+                               f"strict JSON ({' '.join(str(e).split())[:200]}); nothing "
+                               "was written") from None
+    bad = find_surrogate(manifest) if may_hold_surrogate(text) else None
+    if bad is not None:
+        raise IndexFormatError(f"{path}: the index cannot be saved: field {bad!r} holds a "
+                               "lone UTF-16 surrogate (not valid Unicode text); nothing was "
+                               "written")
+    return text, json_loads(text)
+
+
+def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32, *,
+               force: bool = False, lock_timeout: float = LOCK_TIMEOUT) -> Path:
+    """Write ``index`` to the folder ``path``; an index already there is replaced
+    atomically (readers see the old or the new one, never none; see :mod:`.storage`).
+
+    Nothing is written unless the new version passes every check a load makes, so a
+    save never replaces a loadable index with one that does not load.  An index
+    remembers where it came from (``index.folder_version``): saving it into that folder
+    after another writer saved there is refused (optimistic concurrency), unless
+    ``force``.  On success ``index.folder_version`` names the new version.
+
+    Raises:
+        IndexFormatError: ``path`` is a file or a folder that is not an index, or the
+            index is not valid (one line naming the field; nothing written).
+        IndexConflictError: another writer saved to ``path`` since ``index`` was loaded
+            from or saved to it.
+        IndexLockError: another writer held the folder's lock for ``lock_timeout`` s.
+    """
+    path = Path(path)
+    # one consistent state of a MemoryIndex, whatever writers do meanwhile
+    snap = index.snapshot() if hasattr(index, "snapshot") else index
+    tensors = _tensors(snap, dtype)
+    manifest = _manifest(snap, tensors)
+    text, stored = _as_stored(path, manifest)
+    what = f"{path} (not saved)"
+    check_manifest(what, stored)
+    check_tensors(what, tensors, stored, checksums=False)  # just computed from them
+    expect: Optional[str] = None
+    origin = getattr(index, "folder_version", None)
+    if origin is not None and not force and origin.folder == os.path.realpath(path):
+        expect = origin.version
+    name = write_index_dir(path, tensors, text.encode(), expect=expect,
+                           lock_timeout=lock_timeout)
+    index.folder_version = FolderVersion(os.path.realpath(path), name)
+    return path
 
 
 def load_index(path: Union[str, os.PathLike], cls=None):
     """Read an index folder written by :func:`save_index` (format version 1 or 2) as a
-    ``cls`` (default :class:`~memgas_gpu.retrieve.MemoryIndex`).
+    ``cls`` (default :class:`~memgas_gpu.retrieve.MemoryIndex`); its
+    ``folder_version`` names the folder and the version read.
 
     Raises:
         IndexFormatError: a corrupted, edited, incomplete or newer index (one line
             naming the file and the field), embeddings holding NaN or inf included.
     """
-    mf, manifest, t = read_index_dir(Path(path))
+    mf, manifest, t, origin, changed = read_index_dir(Path(path))
     check_manifest(str(mf), manifest)
+    if changed:
+        raise IndexFormatError(f"{mf}: its contents differ from the CRC-32 checksum the "
+                               "folder's pointer recorded when it was written (the file was "
+                               "edited or damaged); rebuild or restore the index")
     check_tensors(str(mf.with_name("tensors.safetensors")), t, manifest)
     try:
-        return _make(manifest, t, cls)
+        index = _make(manifest, t, cls)
     except (KeyError, TypeError, ValueError, IndexError) as e:  # checks missed something
         raise IndexFormatError(f"{mf}: inconsistent index ({type(e).__name__}: {e})") \
             from None
+    index.folder_version = origin
+    return index
 
 
 def _make(manifest: dict, t: dict, cls):
@@ -107,12 +174,11 @@ def _make(manifest: dict, t: dict, cls):
             t, manifest["lexical"]["tokenizer"], "lexical.",
             keys=manifest["lexical"].get("granularities") or LEXICAL_GRANULARITIES)
     names = manifest.get("tables", ["concat"] if "concat" in t else [])
-    concat = t.get("hybrid")  # "hybrid": indexes written before 0.2
     text = (TextTable(t["turn_text.bytes"], t["turn_text.offsets"])
             if "turn_text.bytes" in t else None)
     return cls(conversations=convs, questions=questions,
                conv_offsets=t["conv_offsets"], row_slot=t["row_slot"],
-               gran=t["gran"].float(), concat=concat.float() if concat is not None else None,
+               gran=t["gran"].float(), concat=None,
                tables={name: t[name].float() for name in names},
                q_emb=t["q_emb"].float(), q_conv=t["q_conv"],
                graphs=graphs, params=GraphParams(**manifest["params"]),
