@@ -116,6 +116,19 @@ def test_conversation_without_sessions_searches_empty(three, tiny):
                           encoder=tiny)[0].session_ids
 
 
+def test_bad_queries_are_refused_in_one_line(three, tiny):
+    idx = _build(three, tiny)
+    cid = three[0].id
+    with pytest.raises(ValueError, match=r"queries\[1\] holds a lone UTF-16 surrogate"):
+        idx.search(cid, ["fine", "violin \ud800"])
+    with pytest.raises(TypeError, match="queries must be strings"):
+        idx.search(cid, ["fine", 3])
+    with pytest.raises(TypeError, match="one string"):
+        idx.search(cid, "fine")
+    with pytest.raises(KeyError, match="no conversation"):
+        idx.search("nobody", ["fine"])
+
+
 def test_write_replaces_only_its_conversation(three, tiny):
     """A write makes a new segment for its conversation only: the others keep their
     segments (same objects) and their cached views (no rebuild of derived data)."""
@@ -181,6 +194,14 @@ def test_failed_writes_change_nothing(three, tiny):
         args = dict(conversation_id=three[0].id, session=Session("new", s.date, s.turns))
         args.update(bad)
         with pytest.raises(TypeError):
+            idx.add_session(args.pop("conversation_id"), args.pop("session"), **args)
+        assert idx.version == v
+
+    for bad in (dict(conversation_id="\udfff"), dict(session=Session("\udfff", "", ("x",))),
+                dict(session=Session("x", "", ("ok", "\ud800 no"))), dict(keywords="\udc80")):
+        args = dict(conversation_id=three[0].id, session=Session("new", s.date, s.turns))
+        args.update(bad)
+        with pytest.raises(ValueError, match="surrogate"):
             idx.add_session(args.pop("conversation_id"), args.pop("session"), **args)
         assert idx.version == v
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from .._io import find_surrogate
 from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
 from .signals import QueryBatch
 
@@ -165,6 +166,10 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
     bad = [type(q).__name__ for q in queries if not isinstance(q, str)]
     if bad:
         raise TypeError(f"queries must be strings, got {bad[0]}")
+    odd = find_surrogate(queries, "queries")
+    if odd is not None:
+        raise ValueError(f"{odd} holds a lone UTF-16 surrogate (not valid Unicode text, "
+                         "e.g. bytes decoded with surrogateescape); pass valid text")
     convs = ([conversation_id] * len(queries) if isinstance(conversation_id, str)
              else list(conversation_id))
     if len(convs) != len(queries):

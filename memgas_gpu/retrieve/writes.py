@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from .._io import find_surrogate
 from ..data.model import Session
 from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
@@ -35,6 +36,12 @@ def check_session(conversation_id, session, summary, keywords) -> None:
     for name, value in (("summary", summary), ("keywords", keywords)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+    bad = find_surrogate({"conversation_id": conversation_id, "session.id": session.id,
+                          "session.date": session.date, "session.turns": list(session.turns),
+                          "summary": summary or "", "keywords": keywords or ""})
+    if bad is not None:
+        raise ValueError(f"{bad} holds a lone UTF-16 surrogate (not valid Unicode text); "
+                         "nothing was added")
 
 
 def append_session(store, session: Session, summary, keywords, enc, dim: int) -> int:
