@@ -52,3 +52,19 @@ def test_unknown_setting_is_refused_before_any_work(small):
         MemoryIndex.build(small, Untouchable(), mm=3)
     with pytest.raises(ValueError, match="m must be"):
         MemoryIndex.build(small, Untouchable(), m=0)
+
+
+def test_default_method_runs_on_whatever_the_index_stores(small, minilm):
+    """memgas_hybrid's signals="auto" keeps the signals whose data the index stores: an
+    index without lexical data and turn embeddings still answers the default search."""
+    bare = MemoryIndex.build(small, minilm, summaries="source", lexical=False,
+                             keep_turns=False, device="cpu", progress=False)
+    r = bare.retrieve()  # DEFAULT_METHOD
+    rule = r.params["signals_rule"]
+    assert r.params["signals"] == "dense_U" and "bm25_S" in rule["reason"]
+    assert "lexical=False" in rule["reason"]
+    hit = bare.search(small[0].id, [small[0].questions[0].text], k=3, encoder=minilm)[0]
+    assert len(hit.session_ids) == 3
+    none = MemoryIndex.build(small, minilm, summaries="offline", lexical=False,
+                             keep_turns=False, device="cpu", progress=False)
+    assert none.retrieve().params["signals"] == "dense_S+dense_T+dense_U+dense_K"

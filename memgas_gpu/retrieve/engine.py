@@ -33,8 +33,8 @@ from ..errors import MemgasError
 from ..granularity import N_GRAN
 from ..ops.bm25 import BM25_METHODS
 from ..ops.normalise import NORMS
-from .signals import (SIGNALS, QueryBatch, SignalContext, compute_signals, query_layout,
-                      signal_nodes)
+from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_signals,
+                      query_layout, signal_nodes)
 
 __all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "HYBRID_SIGNALS",
            "HYBRID_EXTRACTIVE_SIGNALS", "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError",
@@ -184,16 +184,30 @@ _FIELDS = {f.name for f in fields(ReadParams)}
 
 def auto_signals(index) -> tuple[tuple, str]:
     """The rule behind ``signals="auto"``: :data:`HYBRID_EXTRACTIVE_SIGNALS` when the
-    index's summaries are extractive (copied sentences), else :data:`HYBRID_SIGNALS`.
+    index's summaries are extractive (copied sentences), else :data:`HYBRID_SIGNALS`;
+    of those, the ones the index stores the data of (an index built with
+    ``lexical=False`` or ``keep_turns=False`` drops the BM25 or the best-turn signals; with
+    none left, the four dense granularities of :data:`MEMGAS_SIGNALS`).
 
     Returns:
         ``(signals, reason)``; the reason is printed by ``memgas eval`` and recorded.
     """
     summ = ((getattr(index, "config", None) or {}).get("expansion") or {}).get("summaries")
     if isinstance(summ, dict) and summ.get("method") == "offline":
-        return (HYBRID_EXTRACTIVE_SIGNALS,
-                "summaries are extractive (offline): U signals left out")
-    return HYBRID_SIGNALS, "summaries are written (not extractive)"
+        sig, why = (HYBRID_EXTRACTIVE_SIGNALS,
+                    "summaries are extractive (offline): U signals left out")
+    else:
+        sig, why = HYBRID_SIGNALS, "summaries are written (not extractive)"
+    if index is None:
+        return sig, why
+    have = tuple(available(index, sig))
+    if have != sig:
+        gone = [s for s in sig if s not in have]
+        why += (f"; {', '.join(gone)} left out: the index does not store their data "
+                "(built with lexical=False or keep_turns=False)")
+        if not have:
+            have, why = MEMGAS_SIGNALS, why + "; the dense granularities instead"
+    return have, why
 
 
 def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,

@@ -538,6 +538,19 @@ class MemoryIndex:
         """Derived data of the whole index's current view (see :mod:`.cache`)."""
         return self._full().cache
 
+    def stores(self, need: str) -> bool:
+        """Whether the index stores what a signal needs (``"gran"``, ``"turns"``, a dense
+        table, ``"lexical:<documents>"``; see :func:`memgas_gpu.retrieve.signals.has`),
+        read from the current state without packing anything."""
+        t = self._state.tables
+        if need == "gran":
+            return True
+        if need == "turns":
+            return t.turns is not None
+        if need.startswith("lexical:"):
+            return t.lexical_docs is not None and need[len("lexical:"):] in t.lexical_docs
+        return need in t.dense
+
     @property
     def question_terms(self):
         """Term counts of the dataset's questions (a TermMatrix), or None."""

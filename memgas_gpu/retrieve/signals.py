@@ -384,6 +384,9 @@ def signal_nodes(names: Sequence[str]) -> list[int]:
 
 def has(index, need: str) -> bool:
     """Whether ``index`` (a memory index or a view) stores what a signal ``needs``."""
+    stores = getattr(index, "stores", None)
+    if callable(stores):
+        return stores(need)
     if need == "gran":
         return True
     if need == "turns":
