@@ -127,6 +127,23 @@ def test_bad_queries_are_refused_in_one_line(three, tiny):
         idx.search(cid, "fine")
     with pytest.raises(KeyError, match="no conversation"):
         idx.search("nobody", ["fine"])
+    for bad, err in ((dict(conversation_id=None), TypeError), (dict(evidence=2.5), ValueError),
+                     (dict(question_date=123), TypeError), (dict(k=0), ValueError)):
+        args = dict(conversation_id=cid, queries=["fine"])
+        args.update(bad)
+        with pytest.raises(err, match=next(iter(bad))):
+            idx.search(**args)
+
+
+def test_huge_topk_is_capped_by_the_data(three, tiny):
+    """--set topk=1000000000 used to size buffers by the setting (400 GB): the candidates
+    a node can have are capped by its conversation, so the graph equals topk = all."""
+    idx = _build(three, tiny)
+    every = 8 * 4  # sessions x granularities of a conversation: every candidate
+    a = retrieve(idx, method="no_gmm", topk=10 ** 9, device="cpu")
+    b = retrieve(idx, method="no_gmm", topk=every, device="cpu")
+    assert torch.equal(a.rankings, b.rankings)
+    torch.testing.assert_close(a.scores, b.scores)
 
 
 def test_write_replaces_only_its_conversation(three, tiny):

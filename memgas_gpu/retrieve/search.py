@@ -170,8 +170,14 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
     if odd is not None:
         raise ValueError(f"{odd} holds a lone UTF-16 surrogate (not valid Unicode text, "
                          "e.g. bytes decoded with surrogateescape); pass valid text")
-    convs = ([conversation_id] * len(queries) if isinstance(conversation_id, str)
-             else list(conversation_id))
+    if isinstance(conversation_id, str):
+        convs = [conversation_id] * len(queries)
+    elif isinstance(conversation_id, (list, tuple)) and \
+            all(isinstance(c, str) for c in conversation_id):
+        convs = list(conversation_id)
+    else:
+        raise TypeError("conversation_id must be a string or a list of strings (one per "
+                        f"query), got {conversation_id!r:.80}")
     if len(convs) != len(queries):
         raise ValueError(f"{len(convs)} conversation ids for {len(queries)} queries")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
