@@ -268,10 +268,11 @@ def test_compaction_keeps_results(three, tiny, monkeypatch):
     assert old.conversations[0].session_ids == [s.id for s in three[0].sessions]
 
 
-def test_searches_while_writing_see_whole_states(three, tiny):
-    """Two threads search while one adds and removes a session for 20 s: no search
-    fails, and each result equals the result on the content before or after a write
-    (the writer alternates between two contents, A and B)."""
+@pytest.mark.parametrize("seconds", [6, pytest.param(20, marks=pytest.mark.slow)])
+def test_searches_while_writing_see_whole_states(three, tiny, seconds):
+    """Two threads search while one adds and removes a session (6 s in the default run,
+    20 s with ``-m slow``): no search fails, and each result equals the result on the
+    content before or after a write (the writer alternates between two contents, A and B)."""
     idx = _build(three, tiny)
     a = three[0]
     new = Session("concurrent-1", a.sessions[-1].date, a.sessions[2].turns)
@@ -322,7 +323,7 @@ def test_searches_while_writing_see_whole_states(three, tiny):
     threads.append(threading.Thread(target=writer))
     for t in threads:
         t.start()
-    time.sleep(20)
+    time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join(60)
