@@ -107,6 +107,37 @@ def test_empty_memory_grows_into_a_rebuild(three, tiny):
         assert got == want, m
 
 
+def test_speaker_cue_after_writes_equals_a_rebuild(three, tiny):
+    """Questions naming one speaker (memgas_hybrid's speaker cue, whose weights are kept
+    with the conversation's view): searched before a write, then after an add and after a
+    remove, they rank and score as on a rebuild of the same sessions."""
+    from memgas_gpu.retrieve.cues import named_speakers
+
+    a = three[0]
+    last = a.sessions[-1]
+    names = sorted({t.split(":", 1)[0].strip("[] ") for s in a.sessions for t in s.turns
+                    if ":" in t})
+    qs = [q.text for q in a.questions if sum(named_speakers(q.text, names)) == 1]
+    assert len(qs) >= 5, (names, qs)
+    head = Conversation(a.id, a.sessions[:-1], a.questions, a.source_summaries)
+    idx = _build(Dataset([head, *three[1:]], format=three.format), tiny)
+
+    def same(sessions, name):
+        # each rebuild names the conversation otherwise: nothing kept for a name serves it
+        ref = _build(Dataset([Conversation(name, sessions, a.questions, a.source_summaries),
+                              *three[1:]], format=three.format), tiny)
+        for got, want in zip(idx.search(a.id, qs, k=8, encoder=tiny),
+                             ref.search(name, qs, k=8, encoder=tiny)):
+            assert got.session_ids == want.session_ids
+            assert got.scores == pytest.approx(want.scores, rel=1e-5, abs=1e-6)
+
+    same(a.sessions[:-1], "ref-1")  # warms the cue's weights
+    _add(idx, a.id, last, a.source_summaries.get(last.id, ""))
+    same(a.sessions, "ref-2")
+    idx.remove_session(a.id, last.id)
+    same(a.sessions[:-1], "ref-3")
+
+
 def test_conversation_without_sessions_searches_empty(three, tiny):
     idx = MemoryIndex.build(Dataset([Conversation("me", []), three[0]]), tiny, **KW)
     for m in ("memgas", "memgas_hybrid", "bm25"):

@@ -353,14 +353,34 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
     pick = sorted({int(conv[j]) for j in torch.nonzero(variant >= 0).squeeze(1).tolist()})
     if not pick:
         return out
-    data = speaker_data_of(index, pick)
-    data.named = torch.zeros(0, int(variant.max()) + 1, dtype=torch.bool)
-    w = speaker_bm25(index, data, gamma, "T", k1, b, method, str(dev))
+    w = _speaker_weights(index, pick, max(len(speakers[c]) for c in pick), gamma, k1, b,
+                         method, dev)
     for v in torch.unique(variant[variant >= 0]).tolist():
         sel = torch.nonzero(variant == v).squeeze(1)
         out[sel.to(dev)] = best_turn_scores(w, v, q_terms.rows(sel), conv[sel],
                                              layout.n_max)
     return out
+
+
+def _speaker_weights(index, pick: Sequence[int], n_speakers: int, gamma: float, k1: float,
+                     b: float, method: str, dev: torch.device) -> SpeakerBM25:
+    """:func:`speaker_bm25` of the turns of conversations ``pick`` for speaker slots
+    ``0..n_speakers-1`` (more if their messages name more), cached with the index view
+    per conversations and setting: a conversation's weights do not depend on the others
+    asked with it (BM25 is per conversation), so a later question naming a speaker only
+    scores."""
+    got = _cached(index, "cue_speaker_bm25", dict)
+    key = (tuple(pick), float(gamma), float(k1), float(b), method, str(dev))
+    w = got.get(key)
+    if w is None:
+        data = speaker_data_of(index, pick)
+        n = max([n_speakers] + [len(data.speakers[c]) for c in pick])
+        data.named = torch.zeros(0, n, dtype=torch.bool)
+        w = speaker_bm25(index, data, gamma, "T", k1, b, method, str(dev))
+        if len(got) >= 64:  # many different batches over one view: start again
+            got.clear()
+        got[key] = w
+    return w
 
 
 def _speakers(index, conversations: Sequence[int]) -> list:
