@@ -15,6 +15,7 @@ from memgas_gpu.errors import DataFormatError
 from memgas_gpu.eval.metrics import gold_mask, retrieval_metrics
 
 from _hostile import ROOT, one_line_error, run_cli
+from _rss import HWM
 
 DEPTH = 100_000
 
@@ -36,18 +37,17 @@ def _write(path, text) -> str:
     return str(path)
 
 
-_RSS = """
-import resource, sys, time
+_RSS = HWM + """
+import sys, time
 import memgas_gpu.data
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_bytes()
 t = time.time()
 try:
     memgas_gpu.data.load_dataset(sys.argv[1])
     out = "ok"
 except memgas_gpu.errors.DataFormatError as e:
     out = str(e)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((peak - base) * 1024, time.time() - t)
+print(hwm_bytes() - base, time.time() - t)
 print(out)
 """
 

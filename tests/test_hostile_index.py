@@ -19,6 +19,7 @@ from memgas_gpu.retrieve import MemoryIndex, retrieve
 from memgas_gpu.retrieve.persist import IndexFormatError, load_index, save_index
 
 from _hostile import ROOT, build_small_index, one_line_error, run_cli
+from _rss import HWM
 
 
 @pytest.fixture(scope="module")
@@ -382,10 +383,10 @@ def test_a_huge_or_non_finite_manifest_number_is_one_line(tmp_path, small):
 def test_a_sparse_3_gb_manifest_is_refused_before_it_is_read(tmp_path, small):
     """Item 16: the manifest was read whole (6.4 GB and 40 s for a 3 GB sparse file)."""
     _, path = small
-    code = ("import resource, sys\nfrom memgas_gpu.retrieve.persist import load_index\n"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "try:\n    load_index(sys.argv[1])\nexcept Exception as e:\n    print(e)\n"
-            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n")
+    code = HWM + ("import sys\nfrom memgas_gpu.retrieve.persist import load_index\n"
+                  "base = hwm_bytes()\n"
+                  "try:\n    load_index(sys.argv[1])\nexcept Exception as e:\n    print(e)\n"
+                  "print(hwm_bytes() - base)\n")
     for which in ("version", "pointer"):
         dst = _copy(path, tmp_path / which)
         mf = version_dir(dst) / "manifest.json" if which == "version" else dst / "manifest.json"

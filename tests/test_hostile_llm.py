@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import resource
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
 import pytest
 
+from memgas_gpu.bench.timing import PeakMemory
 from memgas_gpu.llm import ChatClient, ChatRequest, LLMConfig, LLMRequestError
 
 KEY = "sk-test/ABCDEFGHIJKLMNOP+qrstuvwxyz0123456789"
@@ -134,11 +134,10 @@ def test_a_key_echoed_in_an_answer_is_removed_before_caching(server, tmp_path):
 
 def test_a_huge_response_is_refused_in_bounded_memory(server):
     server.mode = "huge"
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(LLMRequestError, match="larger than max_response_bytes=1048576"):
+    with PeakMemory() as peak, \
+            pytest.raises(LLMRequestError, match="larger than max_response_bytes=1048576"):
         _client(server, max_response_bytes=1 << 20).map([ChatRequest.user("hi")])
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-    assert grown < 32 << 20  # the 64 MiB body was never held
+    assert peak.host < 32 << 20  # the 64 MiB body was never held
 
 
 # ---- round 3: items 14 and 25, Retry-After: nan ------------------------------------------

@@ -10,14 +10,16 @@ import pytest
 
 from memgas_gpu.synth import write_synthetic
 
-_PROBE = textwrap.dedent("""
-    import json, resource, sys, time
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from _rss import HWM
+
+_PROBE = HWM + textwrap.dedent("""
+    import json, sys, time
+    base = hwm_bytes()
     import memgas_gpu as mg
     t = time.perf_counter()
     ds = mg.load_dataset(sys.argv[1])
     dt = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = hwm_bytes()
     print(json.dumps({"conversations": len(ds), "distinct": len(ds.distinct_sessions()),
                       "seconds": dt, "peak": peak, "base": base}))
 """)
