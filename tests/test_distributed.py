@@ -69,6 +69,7 @@ def test_ray_index_and_rankings_equal_single_process(local_ray, single, tiny_mod
         assert ea.summary["all"] == eb.summary["all"], method
 
 
+@pytest.mark.slow  # fault injection: ~20-27 s each on 2 cores
 def test_killed_worker_is_retried(local_ray, single, tiny_model):
     ds, a = single
     small = 4096  # padded tokens per batch: enough batches to kill one mid-plan on any data
@@ -111,6 +112,7 @@ def test_cli_without_ray_says_how_to_install(monkeypatch, lme_sample_path):
     assert 'pip install "memgas_gpu[ray]"' in r.output
 
 
+@pytest.mark.slow  # fault injection: ~20-27 s each on 2 cores
 def test_driver_restart_resumes_from_committed_shards(local_ray, single, tiny_model, tmp_path,
                                                      monkeypatch):
     """A driver killed after committing two shards: the rerun encodes only the rest
