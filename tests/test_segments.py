@@ -129,7 +129,7 @@ def test_speaker_cue_after_writes_equals_a_rebuild(three, tiny):
         for got, want in zip(idx.search(a.id, qs, k=8, encoder=tiny),
                              ref.search(name, qs, k=8, encoder=tiny)):
             assert got.session_ids == want.session_ids
-            assert got.scores == pytest.approx(want.scores, rel=1e-5, abs=1e-6)
+            assert got.scores == pytest.approx(want.scores, rel=1e-4, abs=1e-5)  # float32
 
     same(a.sessions[:-1], "ref-1")  # warms the cue's weights
     _add(idx, a.id, last, a.source_summaries.get(last.id, ""))
