@@ -1,6 +1,7 @@
 """Precomputed BM25 postings (issue 14): lexical_signals == bm25s per conversation to
 1e-5 for every granularity and method, new queries with query_conversation, and the
-cache on the lexical index rebuilt when the layout changes or on invalidate()."""
+cache on the lexical index rebuilt when the layout changes, and a foreign LexicalIndex
+keeping its own cache."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -128,13 +129,15 @@ def test_postings_cached_and_rebuilt_when_the_layout_changes():
     idx.conv_offsets = torch.tensor([0, 4, 6, 11])
     got = lexical_signals(idx, device="cpu")
     _check(idx, *texts, got, LAYOUT["q_conv"], idx.questions, BM25Params())
-    idx.lexical.invalidate()
-    assert not idx.lexical.score_cache and not idx.lexical.graphs
     # another LexicalIndex of the same sessions (lexical=): its own cache, same scores
     other, *_ = _fake_index(**dict(LAYOUT, row_slot=idx.row_slot.tolist(),
                                    conv_offsets=idx.conv_offsets.tolist()))
+    mine = dict(idx.lexical.score_cache)
     via = lexical_signals(idx, device="cpu", lexical=other.lexical)
-    assert other.lexical.score_cache and not idx.lexical.score_cache
+    assert other.lexical.score_cache and not other.lexical.score_cache.keys() - mine.keys()
+    assert idx.lexical.score_cache.keys() == mine.keys()
+    assert all(idx.lexical.score_cache[k] is v for k, v in mine.items())  # untouched
+    assert all(other.lexical.score_cache[k] is not mine[k] for k in other.lexical.score_cache)
     for name, v in via.items():
         assert torch.equal(v, got[name])
 

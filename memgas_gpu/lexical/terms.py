@@ -53,17 +53,6 @@ class TermMatrix:
         _, src = expand_ranges(self.indptr, which)
         return TermMatrix(ptr, self.indices[src], self.tf[src])
 
-    def drop_rows(self, a: int, b: int) -> "TermMatrix":
-        """Without rows ``a..b-1``."""
-        lo, hi = int(self.indptr[a]), int(self.indptr[b])
-        return TermMatrix(torch.cat([self.indptr[:a + 1], self.indptr[b + 1:] - (hi - lo)]),
-                          torch.cat([self.indices[:lo], self.indices[hi:]]),
-                          torch.cat([self.tf[:lo], self.tf[hi:]]))
-
-    def cat(self, other: "TermMatrix") -> "TermMatrix":
-        return TermMatrix(torch.cat([self.indptr, other.indptr[1:] + self.indptr[-1]]),
-                          torch.cat([self.indices, other.indices]), torch.cat([self.tf, other.tf]))
-
     def to(self, device) -> "TermMatrix":
         return TermMatrix(self.indptr.to(device), self.indices.to(device), self.tf.to(device))
 
@@ -101,11 +90,6 @@ class LexicalIndex:
         self.queries = queries
         self.graphs: dict = {}
         self.score_cache: dict = {}
-
-    def invalidate(self) -> None:
-        """Drop everything derived from the documents (BM25 postings, lexical graphs)."""
-        self.graphs.clear()
-        self.score_cache.clear()
 
     @classmethod
     def build(cls, sessions: Sequence, summaries: Sequence[str], keywords: Sequence[str],

@@ -32,8 +32,6 @@ class ViewCache:
         self._lock = threading.Lock()
         self._views: OrderedDict = OrderedDict()
         self._by_version: dict = {}
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: tuple, versions: tuple, build: Callable[[], object]):
         """The view under ``key`` (built by ``build()`` on a miss); ``versions`` are the
@@ -42,9 +40,7 @@ class ViewCache:
             got = self._views.get(key)
             if got is not None:
                 self._views.move_to_end(key)
-                self.hits += 1
                 return got
-            self.misses += 1
         view = build()
         with self._lock:
             if key not in self._views:

@@ -365,10 +365,9 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
 def _speaker_weights(index, pick: Sequence[int], n_speakers: int, gamma: float, k1: float,
                      b: float, method: str, dev: torch.device) -> SpeakerBM25:
     """:func:`speaker_bm25` of the turns of conversations ``pick`` for speaker slots
-    ``0..n_speakers-1`` (more if their messages name more), cached with the index view
-    per conversations and setting: a conversation's weights do not depend on the others
-    asked with it (BM25 is per conversation), so a later question naming a speaker only
-    scores."""
+    ``0..n_speakers-1`` (more if their messages name more), kept with the index view per
+    conversations and setting, so a later question naming a speaker only scores. Every
+    slot is built at once: which speaker a later question names is not known yet."""
     got = _cached(index, "cue_speaker_bm25", dict)
     key = (tuple(pick), float(gamma), float(k1), float(b), method, str(dev))
     w = got.get(key)

@@ -33,12 +33,6 @@ class TextTable:
     def strings(self, ids: Sequence[int]) -> list[str]:
         return [self[int(i)] for i in ids]
 
-    def append(self, texts: Sequence[str]) -> "TextTable":
-        new = TextTable.from_strings(texts)
-        end = int(self.offsets[-1])
-        return TextTable(torch.cat([self.data[:end], new.data[:int(new.offsets[-1])]]),
-                         torch.cat([self.offsets, new.offsets[1:] + end]))
-
     def take(self, ids: Tensor) -> "TextTable":
         """Strings ``ids`` (in that order) as a new table (bytes gathered, not decoded)."""
         ids = torch.as_tensor(ids, dtype=torch.int64)
@@ -50,9 +44,3 @@ class TextTable:
         owner = torch.repeat_interleave(torch.arange(ids.numel()), lens)
         src = a[owner] + torch.arange(int(off[-1])) - off[:-1][owner]
         return TextTable(self.data[src], off)
-
-    def drop(self, a: int, b: int) -> "TextTable":
-        """Without strings ``a..b-1``."""
-        lo, hi = int(self.offsets[a]), int(self.offsets[b])
-        off = torch.cat([self.offsets[:a + 1], self.offsets[b + 1:] - (hi - lo)])
-        return TextTable(torch.cat([self.data[:lo], self.data[hi:]]), off)
