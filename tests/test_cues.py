@@ -170,3 +170,11 @@ def _bm25s_best_turn(bm25s, tok, conv, question, who_named, times, owner):
     best = np.zeros(len(conv.sessions))
     np.maximum.at(best, owner, r.get_scores(qt) if qt else np.zeros(len(docs)))
     return best
+
+
+def test_speaker_cue_bench_kept_weights_equal_rebuilt_ones(locomo_list_path):
+    """benchmarks/speaker_cue.py: the search with the speaker weights kept with the view
+    returns what the search with them rebuilt per question returns (the bench checks it
+    for every question), on questions naming one speaker."""
+    r = load_benchmark("speaker_cue").run(str(locomo_list_path), rounds=1, max_questions=6)
+    assert r["questions"] == 6 and r["kept"][0] > 0 and r["rebuilt"][0] > 0
