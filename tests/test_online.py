@@ -163,8 +163,11 @@ def test_search_ranks_like_retrieve_and_isolates_conversations(small, minilm, st
     sid = both[0].session_ids[0]
     sess = {s.id: s for s in small[0].sessions}[sid]
     assert ev[0][1] == sess.turns[ev[0][0]]
-    with pytest.raises(KeyError, match="no conversation"):
-        idx.search("conv-404", q[:1], encoder=minilm)
+    # a conversation the memory does not hold has no memories (mem0's unknown user)
+    mixed = idx.search([small[0].id, "conv-404"], q[:2], encoder=minilm)
+    assert [r.conversation_id for r in mixed] == [small[0].id, "conv-404"]
+    assert mixed[0].session_ids == idx.search(small[0].id, q[:1], encoder=minilm)[0].session_ids
+    assert mixed[1].session_ids == mixed[1].scores == mixed[1].evidence == []
     with pytest.raises(TypeError, match="list of strings"):
         idx.search(small[0].id, "one string", encoder=minilm)
 

@@ -94,8 +94,7 @@ def test_empty_memory_grows_into_a_rebuild(three, tiny):
     c = three[0]
     mem = MemoryIndex.build(Dataset([]), tiny, **KW)
     assert mem.n_conversations == 0 and mem.n_rows == 0
-    with pytest.raises(KeyError, match="no conversation"):
-        mem.search("me", ["anything"], encoder=tiny)
+    assert mem.search("me", ["anything"], encoder=tiny)[0].session_ids == []
     for s in c.sessions:
         _add(mem, "me", s, c.source_summaries.get(s.id, ""))
     ref = _build(Dataset([Conversation("me", c.sessions, [], c.source_summaries)]), tiny)
@@ -156,8 +155,11 @@ def test_bad_queries_are_refused_in_one_line(three, tiny):
         idx.search(cid, ["fine", 3])
     with pytest.raises(TypeError, match="one string"):
         idx.search(cid, "fine")
-    with pytest.raises(KeyError, match="no conversation"):
-        idx.search("nobody", ["fine"])
+    assert idx.search("nobody", ["fine"])[0].session_ids == []  # no memories yet
+    with pytest.raises(ValueError, match=r"queries\[1\] is empty"):
+        idx.search(cid, ["fine", "  "])
+    with pytest.raises(ValueError, match="question_date 'not a date' is not a date"):
+        idx.search(cid, ["fine"], question_date="not a date")
     for bad, err in ((dict(conversation_id=None), TypeError), (dict(evidence=2.5), ValueError),
                      (dict(question_date=123), TypeError), (dict(k=0), ValueError)):
         args = dict(conversation_id=cid, queries=["fine"])
@@ -166,15 +168,30 @@ def test_bad_queries_are_refused_in_one_line(three, tiny):
             idx.search(**args)
 
 
-def test_huge_topk_is_capped_by_the_data(three, tiny):
+def test_huge_topk_is_capped_by_the_data(three, tiny, tmp_path):
     """--set topk=1000000000 used to size buffers by the setting (400 GB): the candidates
-    a node can have are capped by its conversation, so the graph equals topk = all."""
+    a node can have are capped by its conversation, so the graph equals topk = all.  A
+    setting past the largest a saved index holds is refused before anything is built
+    (it used to be accepted, and its graph then made every later save fail)."""
+    from memgas_gpu.retrieve.checks import MAX_SETTING
+    from memgas_gpu.retrieve.engine import SettingsError
+
     idx = _build(three, tiny)
     every = 8 * 4  # sessions x granularities of a conversation: every candidate
-    a = retrieve(idx, method="no_gmm", topk=10 ** 9, device="cpu")
+    a = retrieve(idx, method="no_gmm", topk=MAX_SETTING, device="cpu")
     b = retrieve(idx, method="no_gmm", topk=every, device="cpu")
     assert torch.equal(a.rankings, b.rankings)
     torch.testing.assert_close(a.scores, b.scores)
+    for bad in (10 ** 7, MAX_SETTING + 1, 0):
+        with pytest.raises(SettingsError, match="topk must be an integer from 1 to"):
+            retrieve(idx, method="no_gmm", topk=bad, device="cpu")
+    with pytest.raises(SettingsError, match="alpha must be an integer from 1 to"):
+        retrieve(idx, method="memgas", alpha=10 ** 7, device="cpu")
+    idx.save(tmp_path / "ix")  # the graphs of every accepted setting can be saved
+    back = MemoryIndex.load(tmp_path / "ix")
+    assert f"topk{MAX_SETTING}" in back.graphs
+    assert torch.equal(retrieve(back, method="no_gmm", topk=every, device="cpu").rankings,
+                       b.rankings)
 
 
 def test_write_replaces_only_its_conversation(three, tiny):

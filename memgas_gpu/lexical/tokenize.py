@@ -224,6 +224,13 @@ class Vocabulary:
             self.terms.append(term)
         return i
 
+    def truncate(self, n: int) -> None:
+        """Forget the terms added after the first ``n`` (a write that failed; readers
+        of earlier snapshots never look past their own size)."""
+        for t in self.terms[n:]:
+            del self.ids[t]
+        del self.terms[n:]
+
     def encode(self, tokens: Sequence[str], grow: bool = True) -> list[int]:
         """Ids of ``tokens`` (unknown terms are added, or dropped when ``grow=False``)."""
         if grow:

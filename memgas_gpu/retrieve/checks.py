@@ -25,6 +25,7 @@ from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
 from .signals import RESERVED_TABLES
+from .store import DIGEST_BYTES
 
 __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
            "EMBEDDINGS", "MAX_SETTING"]
@@ -37,6 +38,9 @@ MAX_SETTING = 1 << 20
 _PARAMS = {"m": (int, 1, MAX_SETTING), "skip_sessions": (int, 0, 1 << 31),
            "rule": (str, ("gmm", "topk")), "topk": (int, 1, MAX_SETTING)}
 _GRAPH_NAME = re.compile(r"gmm|topk[1-9][0-9]{0,6}")
+#: fields of the manifest's ``config`` that are objects when present
+_CONFIG_OBJECTS = ("expansion", "build", "encoding", "timings", "dataset", "encoder",
+                   "lexical")
 _QUESTION = {"id": str, "text": str, "type": str, "date": str, "answer": str,
              "evidence_session_ids": list, "is_abstention": bool}
 _LEXICAL_GROUPS = ("S", "T", "U", "K", "q")
@@ -108,6 +112,14 @@ def check_manifest(where: str, m: Any) -> None:
                                    "name ('gmm' or 'topk' and a number)")
     _unique(where, graphs, "graphs", "graph")
     config = _want(where, m, "config", dict, "config")
+    for k in _CONFIG_OBJECTS:  # records the code reads by field
+        if k in config and config[k] is not None:
+            _want(where, config, k, dict, f"config.{k}")
+    exp = config.get("expansion") or {}
+    for k in ("summaries", "keywords"):
+        if exp.get(k) is not None and not isinstance(exp[k], (dict, str)):
+            raise IndexFormatError(f"{where}: field 'config.expansion.{k}': expected an "
+                                   f"object or a string, got {type(exp[k]).__name__}")
     try:
         check_encoder_record(config)
     except EncoderRecordError as e:
@@ -273,6 +285,8 @@ def check_tensors(where: str, t: dict, m: dict, checksums: bool = True) -> None:
     tables = m.get("tables", ["concat"] if "concat" in t else [])
     for name in tables:
         _tensor(where, t, name, 2, _FLOATS, shape=(n_slots, dim))
+    if "slot_digest" in t:  # content digest of each slot (absent before it was recorded)
+        _tensor(where, t, "slot_digest", 2, _BYTES, shape=(n_slots, DIGEST_BYTES))
     _tensor(where, t, "q_emb", 2, _FLOATS, shape=(n_q, dim))
     q_conv = _tensor(where, t, "q_conv", 1, shape=(n_q,))
     _in_range(where, "q_conv", q_conv, 0, n_conv)

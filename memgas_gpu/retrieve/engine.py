@@ -33,6 +33,7 @@ from ..errors import MemgasError
 from ..granularity import N_GRAN
 from ..ops.bm25 import BM25_METHODS
 from ..ops.normalise import NORMS
+from .checks import MAX_SETTING
 from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_signals,
                       query_layout, signal_nodes)
 
@@ -139,8 +140,9 @@ class ReadParams:
             if value not in allowed:
                 raise SettingsError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         for name, v in (("alpha", self.alpha), ("topk", self.topk)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SettingsError(f"{name} must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SETTING:
+                raise SettingsError(f"{name} must be an integer from 1 to {MAX_SETTING}, "
+                                    f"got {v!r}")
         return replace(self, signals=sig,
                        temperature=_finite("temperature", self.temperature, 0, lo_open=True),
                        damping=_finite("damping", self.damping, 0, 1),
@@ -192,7 +194,9 @@ def auto_signals(index) -> tuple[tuple, str]:
     Returns:
         ``(signals, reason)``; the reason is printed by ``memgas eval`` and recorded.
     """
-    summ = ((getattr(index, "config", None) or {}).get("expansion") or {}).get("summaries")
+    config = getattr(index, "config", None)
+    exp = config.get("expansion") if isinstance(config, dict) else None
+    summ = exp.get("summaries") if isinstance(exp, dict) else None
     if isinstance(summ, dict) and summ.get("method") == "offline":
         sig, why = (HYBRID_EXTRACTIVE_SIGNALS,
                     "summaries are extractive (offline): U signals left out")

@@ -41,8 +41,8 @@ from .meta import BuildParams, ConversationMeta, GraphParams
 from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
                        with_segment)
 from .signals import stored_texts
-from .store import SessionStore
-from .writes import append_session, check_session, grow_graph
+from .store import DIGEST_BYTES, SessionStore, session_digest
+from .writes import append_session, check_session, grow_graph, session_texts
 from .texts import TextTable
 
 __all__ = ["MemoryIndex", "BuildParams", "GraphParams", "EncoderMismatchError"]
@@ -78,7 +78,7 @@ class MemoryIndex:
                  config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
                  turn_ptr: Optional[Tensor] = None,
                  turn_text: Optional[TextTable] = None, tables: Optional[dict] = None,
-                 max_views: int = DEFAULT_MAX_VIEWS) -> None:
+                 max_views: int = DEFAULT_MAX_VIEWS, digest: Optional[Tensor] = None) -> None:
         ids: dict = {}
         for i, c in enumerate(conversations):
             if c.id in ids:
@@ -100,7 +100,7 @@ class MemoryIndex:
         dense = dict(tables or {})
         if concat is not None:
             dense["concat"] = concat
-        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical)
+        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest)
         self._graph_keys = frozenset(graphs)
         offs = conv_offsets.tolist()
         parts = {k: split_graph(ip, ix, conv_offsets) for k, (ip, ix) in graphs.items()}
@@ -189,6 +189,13 @@ class MemoryIndex:
                                 p.tokenizer, extra=stored_texts("lexical"))
             timings["lexical_s"] = time.perf_counter() - t0
         slot = {s.key: i for i, s in enumerate(table.sessions)}
+        texts: dict = {}
+        for c in dataset:  # a shared session is expanded once: its first texts
+            for s, u, k in zip(c.sessions, exp.summaries[c.id], exp.keywords[c.id]):
+                texts.setdefault(s.key, (u, k))
+        digest = torch.tensor(list(b"".join(session_digest(s, *texts[s.key])
+                                            for s in table.sessions)),
+                              dtype=torch.uint8).reshape(-1, DIGEST_BYTES)
         row_slot = torch.tensor([slot[s.key] for c in dataset for s in c.sessions],
                                 dtype=torch.long)
         sizes = torch.tensor([len(c.sessions) for c in dataset], dtype=torch.long)
@@ -216,7 +223,7 @@ class MemoryIndex:
                   lexical=lex, turns=table.turns if p.keep_turns else None,
                   turn_ptr=table.turn_ptr,
                   turn_text=TextTable.from_strings(t for x in table.sessions for t in x.turns)
-                  if p.keep_text else None)
+                  if p.keep_text else None, digest=digest)
         if lex is not None:
             idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
@@ -285,7 +292,13 @@ class MemoryIndex:
         versions = tuple(st.segments[c].version for c in conv)
         key = ("view", tuple(conv), versions)
         return self._cache.get(key, versions,
-                               lambda: View(st, conv, self.params, self.config))
+                               lambda: View(st, conv, self.params, self.config),
+                               live=lambda: self._current(conv, versions))
+
+    def _current(self, conv, versions) -> bool:
+        """Whether conversations ``conv`` are still at ``versions`` (not rewritten)."""
+        segs = self._state.segments
+        return all(c < len(segs) and segs[c].version == v for c, v in zip(conv, versions))
 
     def state(self) -> State:
         """The current published state (one consistent version of every conversation)."""
@@ -308,7 +321,9 @@ class MemoryIndex:
             versions = tuple(s.version for s in st.segments)
             full = self._cache.get(("canonical", versions), versions,
                                    lambda: View(st, range(len(st.segments)), self.params,
-                                                self.config, canonical=True))
+                                                self.config, canonical=True),
+                                   live=lambda: self._current(range(len(versions)),
+                                                              versions))
         full.questions, full.q_emb, full.q_conv = self.questions, self.q_emb, self.q_conv
         full.graph_keys = self._persisted_keys(st)
         return full
@@ -419,16 +434,19 @@ class MemoryIndex:
                 raise ValueError(f"conversation {conversation_id!r} already has a session "
                                  f"{session.id!r}")
             enc = self.query_encoder(encoder)
+            summary, keywords = session_texts(session, summary, keywords)
+            digest = session_digest(session, summary, keywords)
             store = self._store
             store.track(st.segments)
-            slot = store.find(session, st.tables)
-            fresh = slot is None
-            if fresh:
-                slot = append_session(self._store, session, summary, keywords, enc,
-                                      self.dim)
-            else:
-                store.ref(slot, session.id)
+            mark = store.mark()
+            slot = store.find(digest)
+            shared = slot is not None
             try:
+                if shared:
+                    store.ref(slot)
+                else:
+                    slot = append_session(store, session, summary, keywords, enc, self.dim,
+                                          digest)
                 tables = store.tables()
                 slots = torch.cat([old.slots if old is not None
                                    else torch.zeros(0, dtype=torch.long),
@@ -437,8 +455,11 @@ class MemoryIndex:
                 graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_local(0),
                                         tables.gran[slots],
                                         GraphParams.from_key(k, self.params)) for k in keys}
-            except BaseException:
-                store.unref(slot, session.id)
+            except BaseException:  # no published state refers to what changed: undo it
+                if shared:
+                    store.unref(slot, undo=True)
+                else:
+                    store.rollback(mark)
                 raise
             meta = ConversationMeta(conversation_id,
                                     [*(old.meta.session_ids if old else ()), session.id],
@@ -476,7 +497,7 @@ class MemoryIndex:
             del ids[j], dates[j]
             store = self._store
             store.track(st.segments)
-            store.unref(int(old.slots[j]), session_id)
+            store.unref(int(old.slots[j]))
             seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs)
             new = with_segment(st, ci, seg, st.tables)
             stale = [old.version]
@@ -484,6 +505,19 @@ class MemoryIndex:
                 new, gone = self._compact(new)
                 stale += gone
             self._publish(new, stale)
+
+    def compact(self) -> int:
+        """Drop the stored sessions no conversation uses any more (removed ones) now,
+        instead of when they outnumber the live ones; returns how many were dropped.
+        Costs a copy of every live session's data."""
+        with self._write_lock:
+            st = self._state
+            self._store.track(st.segments)
+            dropped = self._store.garbage
+            if dropped:
+                new, gone = self._compact(st)
+                self._publish(new, gone)
+            return dropped
 
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:

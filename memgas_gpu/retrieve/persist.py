@@ -41,6 +41,9 @@ def _tensors(index, dtype: torch.dtype) -> dict:
     }
     for name, x in _dense(index).items():
         tensors[name] = x.to(dtype)
+    digest = getattr(getattr(index, "tables", None), "digest", None)
+    if digest is not None:
+        tensors["slot_digest"] = digest
     if index.turn_ptr is not None:
         tensors["turn_ptr"] = index.turn_ptr
     if index.turns is not None:
@@ -184,4 +187,4 @@ def _make(manifest: dict, t: dict, cls):
                graphs=graphs, params=GraphParams(**manifest["params"]),
                config=manifest["config"], lexical=lexical,
                turns=t["turns"].float() if "turns" in t else None,
-               turn_ptr=t.get("turn_ptr"), turn_text=text)
+               turn_ptr=t.get("turn_ptr"), turn_text=text, digest=t.get("slot_digest"))

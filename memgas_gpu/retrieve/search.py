@@ -14,6 +14,7 @@ from .. import ops
 from .._io import find_surrogate
 from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
 from .signals import QueryBatch
+from .writes import check_date
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
            "retrieve", "search", "question_batch", "best_turns"]
@@ -154,11 +155,9 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
             time expressions such as "last week" for the time cue).
 
     Returns:
-        One :class:`SearchResult` per query (empty lists for a conversation without
-        sessions).
-
-    Raises:
-        KeyError: an unknown conversation id.
+        One :class:`SearchResult` per query; empty lists for a conversation without
+        sessions, and for a conversation id the memory does not hold (nothing was
+        added to it yet, or it was forgotten).
     """
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings (got one string: wrap it in [])")
@@ -166,6 +165,9 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
     bad = [type(q).__name__ for q in queries if not isinstance(q, str)]
     if bad:
         raise TypeError(f"queries must be strings, got {bad[0]}")
+    blank = [j for j, q in enumerate(queries) if not q.strip()]
+    if blank:
+        raise ValueError(f"queries[{blank[0]}] is empty: there is nothing to search for")
     odd = find_surrogate(queries, "queries")
     if odd is not None:
         raise ValueError(f"{odd} holds a lone UTF-16 surrogate (not valid Unicode text, "
@@ -186,11 +188,20 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
         raise ValueError(f"evidence must be an integer >= 0, got {evidence!r}")
     if question_date is not None and not isinstance(question_date, str):
         raise TypeError(f"question_date must be a string or None, got {question_date!r}")
+    if question_date is not None:
+        check_date(question_date, "question_date")
     state = index.state() if hasattr(index, "state") else None
     p, _ = resolve(index, method or DEFAULT_METHOD, None, **settings)
     if not queries:
         return []
     if state is not None:
+        known = [j for j, c in enumerate(convs) if c in state.ids]
+        if len(known) < len(convs):  # a conversation the memory does not hold: no hits
+            got = iter(search(index, [convs[j] for j in known], [queries[j] for j in known],
+                              k, method, encoder, evidence, device, question_date,
+                              **settings) if known else ())
+            return [next(got) if c in state.ids else SearchResult(c, [], [], [])
+                    for c in convs]
         pos = [state.position(c) for c in convs]
         view = index.view(pos, state=state)
         ci = torch.searchsorted(view.conv, torch.tensor(pos, dtype=torch.long))

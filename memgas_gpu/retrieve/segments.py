@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..granularity import N_GRAN, expand_ranges
+from ..granularity import N_GRAN
 from .meta import ConversationMeta, GraphParams
-from .store import StoreTables, gather_lexical
+from .store import StoreTables, has_unused_terms, without_unused_terms
 
 __all__ = ["Segment", "State", "View", "next_version", "split_graph", "join_graphs",
            "local_graph", "empty_local", "with_segment"]
@@ -187,41 +187,32 @@ class View:
         return used[torch.argsort(first[used])]
 
     def is_canonical(self) -> bool:
-        """Whether the view uses every slot of its tables, numbered in order of first use
-        (as a fresh build stores them)."""
+        """Whether the view stores what a fresh build of its conversations would: every
+        slot of its tables used, numbered in order of first use, and no vocabulary term
+        that neither a document nor a question uses."""
         got = self.cache.get("canonical")
         if got is None:
             n = self.tables.n_slots
             rs = self.row_slot
-            got = (rs.numel() == n and torch.equal(rs, torch.arange(n))) or \
-                torch.equal(self._first_use(n), torch.arange(n))
+            got = ((rs.numel() == n and torch.equal(rs, torch.arange(n)))
+                   or torch.equal(self._first_use(n), torch.arange(n))) \
+                and not has_unused_terms(self.tables)
             self.cache["canonical"] = got
         return got
 
     def _renumber(self, t: StoreTables) -> StoreTables:
-        """Slots in order of first use; a copy of the tables only when needed."""
+        """Slots in order of first use and only the terms they use; a copy of the tables
+        only when needed."""
         n = t.n_slots
         rs = self.row_slot
-        if rs.numel() == n and (n == 0 or torch.equal(rs, torch.arange(n))):
-            return t
-        order = self._first_use(n)
-        if order.numel() == n and torch.equal(order, torch.arange(n)):
-            return t
-        new_of = torch.full((n,), -1, dtype=torch.long)
-        new_of[order] = torch.arange(order.numel())
-        self.row_slot = new_of[rs]
-        turns = turn_ptr = text = None
-        if t.turn_ptr is not None:
-            _, tid = expand_ranges(t.turn_ptr, order)
-            cnt = t.turn_ptr[order + 1] - t.turn_ptr[order]
-            turn_ptr = torch.cat([torch.zeros(1, dtype=torch.int64), cnt.cumsum(0)])
-            turns = t.turns[tid] if t.turns is not None else None
-            if t.turn_text is not None:
-                text = t.turn_text.take(tid)
-        lex = gather_lexical(t, order) if t.lexical_base is not None else None
-        return StoreTables(t.gran[order], {k: v[order] for k, v in t.dense.items()},
-                           turns, turn_ptr, text, lex.docs if lex else None,
-                           lex.doc_ptr if lex else None, t.lexical_base, t.n_terms)
+        if not (rs.numel() == n and (n == 0 or torch.equal(rs, torch.arange(n)))):
+            order = self._first_use(n)
+            if not (order.numel() == n and torch.equal(order, torch.arange(n))):
+                new_of = torch.full((n,), -1, dtype=torch.long)
+                new_of[order] = torch.arange(order.numel())
+                self.row_slot = new_of[rs]
+                t = t.take(order)
+        return without_unused_terms(t)
 
     # ------------------------------------------------------------------ shapes
     @property

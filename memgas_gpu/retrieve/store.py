@@ -13,13 +13,19 @@ Conversations (segments, :mod:`.segments`) refer to slots; the store does not kn
 * **Snapshots** (:class:`StoreTables`) are views ``buffer[:n]`` taken when a write is
   published: a later append writes past ``n`` (or into a new, larger buffer), so a
   reader holding a snapshot never sees a half-written row.
+* **Sharing**: each slot carries a digest of its content (:func:`session_digest`: id,
+  turns, summary and keywords), so a session added again, by this or another
+  conversation, with the same content reuses its slot, and one with other texts under
+  the same id never does.
 * **Removal** drops a slot's reference count; a slot no conversation uses is garbage
   until :meth:`SessionStore.compacted` copies the live slots into new buffers (the old
-  ones stay valid for readers of older snapshots).
+  ones stay valid for readers of older snapshots) and drops the vocabulary terms that
+  only garbage used.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -28,11 +34,29 @@ from torch import Tensor
 from ..granularity import expand_ranges
 from .texts import TextTable
 
-__all__ = ["Growable", "StoreTables", "SessionStore", "gather_lexical", "COMPACT_MIN_GARBAGE"]
+__all__ = ["Growable", "StoreTables", "SessionStore", "COMPACT_MIN_GARBAGE", "DIGEST_BYTES",
+           "session_digest", "has_unused_terms", "without_unused_terms"]
 
 #: garbage slots (sessions no conversation holds any more) below which the store is never
 #: compacted; above it, when they outnumber half the slots
 COMPACT_MIN_GARBAGE = 64
+#: bytes of a slot's content digest (an all-zero digest: content unknown, never shared)
+DIGEST_BYTES = 16
+
+
+def session_digest(session, summary: str, keywords: str) -> bytes:
+    """The content identity of a stored session: its id, turns, summary and keywords
+    (every text the store derives a table from; the date is the conversation's, not
+    the slot's).  Each field is length-prefixed, so no two contents collide by
+    concatenation."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=b"memgas-slot-v1")
+    for part in (session.id, *session.turns, "", summary, keywords):
+        raw = part.encode("utf-8")
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+    h.update(len(session.turns).to_bytes(8, "little"))
+    out = h.digest()
+    return out if any(out) else b"\x01" + out[1:]  # all-zero means "unknown"
 
 
 class Growable:
@@ -125,6 +149,8 @@ class StoreTables:
             vocabulary and question terms are shared (its documents are not read).
         n_terms: vocabulary size when the snapshot was taken (terms added later belong
             to no document of this snapshot).
+        digest: ``[n_slots, DIGEST_BYTES]`` uint8 content digest of each slot
+            (:func:`session_digest`; zeros: unknown), or None.
     """
 
     gran: Tensor
@@ -136,10 +162,32 @@ class StoreTables:
     lexical_ptr: Optional[dict]
     lexical_base: object
     n_terms: int
+    digest: Optional[Tensor] = None
 
     @property
     def n_slots(self) -> int:
         return int(self.gran.shape[0])
+
+    def take(self, slots: Tensor) -> "StoreTables":
+        """The tables of ``slots`` only, in that order (slot ``slots[i]`` becomes ``i``):
+        the one way slots are renumbered (a canonical view, a compaction)."""
+        slots = slots.to(torch.int64)
+        turns = turn_ptr = text = None
+        if self.turn_ptr is not None:
+            _, tid = expand_ranges(self.turn_ptr, slots)
+            turn_ptr = _counts_ptr(self.turn_ptr, slots)
+            turns = self.turns[tid] if self.turns is not None else None
+            text = self.turn_text.take(tid) if self.turn_text is not None else None
+        docs = ptr = None
+        if self.lexical_docs is not None:
+            docs, ptr = {}, {}
+            for g, m in self.lexical_docs.items():
+                p = self.lexical_ptr[g]
+                _, ids = expand_ranges(p, slots)
+                docs[g], ptr[g] = m.rows(ids), _counts_ptr(p, slots)
+        return StoreTables(self.gran[slots], {k: v[slots] for k, v in self.dense.items()},
+                           turns, turn_ptr, text, docs, ptr, self.lexical_base, self.n_terms,
+                           self.digest[slots] if self.digest is not None else None)
 
     @property
     def concat(self) -> Optional[Tensor]:
@@ -157,6 +205,57 @@ class StoreTables:
                             dict(self.lexical_ptr), base.queries, n_terms=self.n_terms)
 
 
+def _counts_ptr(ptr: Tensor, slots: Tensor) -> Tensor:
+    """Pointers ``[len(slots) + 1]`` of the ranges ``ptr[s]:ptr[s+1]`` of ``slots``,
+    laid end to end."""
+    cnt = ptr[slots + 1] - ptr[slots]
+    return torch.cat([torch.zeros(1, dtype=torch.int64), cnt.cumsum(0)])
+
+
+def _used_terms(t: StoreTables) -> Optional[Tensor]:
+    """``[n_terms]`` bool: the terms a document of ``t`` or a question uses (None without
+    lexical data)."""
+    if t.lexical_base is None or t.lexical_docs is None:
+        return None
+    used = torch.zeros(t.n_terms, dtype=torch.bool)
+    for m in (*t.lexical_docs.values(), t.lexical_base.queries):
+        ids = m.indices
+        used[ids[ids < t.n_terms]] = True
+    return used
+
+
+def has_unused_terms(t: StoreTables) -> bool:
+    """Whether ``t``'s vocabulary holds terms no document or question uses (removed
+    sessions' terms, until a compaction)."""
+    used = _used_terms(t)
+    return used is not None and not bool(used.all())
+
+
+def without_unused_terms(t: StoreTables) -> StoreTables:
+    """``t`` with a vocabulary of only the terms its documents or the index's questions
+    use (term ids renumbered in order, so rows stay sorted); the same tables when no
+    term is unused."""
+    from ..lexical import LexicalIndex, TermMatrix
+    from ..lexical.tokenize import Vocabulary
+
+    used = _used_terms(t)
+    if used is None or bool(used.all()):
+        return t
+    base = t.lexical_base
+    keep = torch.nonzero(used).squeeze(1)
+    new_id = torch.full((len(base.vocab),), -1, dtype=torch.int64)
+    new_id[keep] = torch.arange(keep.numel())
+    terms = base.vocab.terms
+    vocab = Vocabulary(terms[i] for i in keep.tolist())
+
+    def renum(m):
+        return TermMatrix(m.indptr, new_id[m.indices], m.tf)
+
+    docs = {g: renum(m) for g, m in t.lexical_docs.items()}
+    lex = LexicalIndex(base.tokenizer, vocab, docs, dict(t.lexical_ptr), renum(base.queries))
+    return replace(t, lexical_docs=docs, lexical_base=lex, n_terms=len(vocab))
+
+
 class SessionStore:
     """The writer's side of the distinct-session tables (see the module docstring).
 
@@ -166,8 +265,10 @@ class SessionStore:
 
     def __init__(self, gran: Tensor, dense: dict, turns: Optional[Tensor],
                  turn_ptr: Optional[Tensor], turn_text: Optional[TextTable],
-                 lexical=None) -> None:
+                 lexical=None, digest: Optional[Tensor] = None) -> None:
         self.gran = Growable(gran)
+        self.digest = Growable(digest if digest is not None else
+                               torch.zeros(gran.shape[0], DIGEST_BYTES, dtype=torch.uint8))
         self.dense = {k: Growable(v) for k, v in dense.items()}
         self.turns = Growable(turns) if turns is not None else None
         self.turn_ptr = Growable(turn_ptr) if turn_ptr is not None else None
@@ -176,7 +277,7 @@ class SessionStore:
         self.terms = ({g: _GrowableTerms(lexical.docs[g], lexical.doc_ptr[g])
                        for g in lexical.docs} if lexical is not None else None)
         self._refs: Optional[list] = None
-        self._by_id: Optional[dict] = None
+        self._by_digest: Optional[dict] = None
         self.garbage = 0
 
     @property
@@ -195,60 +296,91 @@ class SessionStore:
             self.turns.value() if self.turns else None,
             self.turn_ptr.value() if self.turn_ptr else None,
             self.turn_text.value() if self.turn_text else None, docs, ptr, self.lexical,
-            len(self.lexical.vocab) if self.lexical is not None else 0)
+            len(self.lexical.vocab) if self.lexical is not None else 0, self.digest.value())
 
     # ------------------------------------------------------------------ references
     def track(self, segments) -> None:
-        """Count the rows referring to each slot and index slots by session id (once,
-        at the first write: an index that is only read never pays for it)."""
+        """Count the rows referring to each slot and index the live slots by content
+        digest (once, at the first write: an index that is only read never pays for
+        it)."""
         if self._refs is not None:
             return
         refs = [0] * self.n_slots
-        by_id: dict = {}
         for seg in segments:
-            for sid, slot in zip(seg.session_ids, seg.slots.tolist()):
+            for slot in seg.slots.tolist():
                 refs[slot] += 1
-                by_id.setdefault(sid, set()).add(slot)
-        self._refs, self._by_id = refs, by_id
+        self._refs = refs
+        self._by_digest = {}
+        for slot, d in enumerate(self.digest.value().numpy()):
+            if refs[slot] > 0 and d.any():
+                self._by_digest.setdefault(d.tobytes(), slot)
         self.garbage = sum(1 for r in refs if r == 0)
 
-    def find(self, session, tables: StoreTables) -> Optional[int]:
-        """The live slot holding the same session (id and turn texts), or None (also
-        when the index keeps no turn texts to compare)."""
-        if tables.turn_text is None or tables.turn_ptr is None:
-            return None
-        for slot in sorted(self._by_id.get(session.id, ())):
-            if self._refs[slot] <= 0:
-                continue
-            a, b = int(tables.turn_ptr[slot]), int(tables.turn_ptr[slot + 1])
-            if b - a == len(session.turns) and \
-                    tables.turn_text.strings(range(a, b)) == list(session.turns):
-                return slot
-        return None
+    def find(self, digest: bytes) -> Optional[int]:
+        """The live slot holding a session of this content digest
+        (:func:`session_digest`), or None."""
+        slot = self._by_digest.get(digest)
+        return slot if slot is not None and self._refs[slot] > 0 else None
 
-    def ref(self, slot: int, session_id: str) -> None:
+    def ref(self, slot: int) -> None:
         self._refs[slot] += 1
-        self._by_id.setdefault(session_id, set()).add(slot)
 
-    def unref(self, slot: int, session_id: str) -> None:
+    def unref(self, slot: int, undo: bool = False) -> None:
+        """One row less refers to ``slot`` (``undo``: take back a :meth:`ref` of a write
+        that failed; the slot was live before it, so it stays findable)."""
         self._refs[slot] -= 1
+        if undo:
+            return
         if self._refs[slot] == 0:
             self.garbage += 1
-            ids = self._by_id.get(session_id)
-            if ids is not None:
-                ids.discard(slot)
-                if not ids:
-                    del self._by_id[session_id]
+            d = self.digest.buf[slot].numpy().tobytes()
+            if self._by_digest.get(d) == slot:
+                del self._by_digest[d]
+
+    def _growables(self) -> list:
+        out = [self.gran, self.digest, *self.dense.values()]
+        for g in (self.turns, self.turn_ptr):
+            if g is not None:
+                out.append(g)
+        if self.turn_text is not None:
+            out += [self.turn_text.data, self.turn_text.offsets]
+        for t in (self.terms or {}).values():
+            out += [t.indptr, t.indices, t.tf, t.doc_ptr]
+        return out
+
+    def mark(self) -> tuple:
+        """Where every buffer and the vocabulary end now (:meth:`rollback` returns to
+        it)."""
+        return (tuple(g.n for g in self._growables()),
+                len(self.lexical.vocab) if self.lexical is not None else 0)
+
+    def rollback(self, mark: tuple) -> None:
+        """Forget the slots appended and the terms added since :meth:`mark` (a write that
+        failed after appending: no published state refers to them)."""
+        sizes, n_terms = mark
+        n_slots = sizes[0]
+        for g, n in zip(self._growables(), sizes):
+            g.n = n
+        if self.lexical is not None:
+            self.lexical.vocab.truncate(n_terms)
+        if self._refs is not None:
+            del self._refs[n_slots:]
+            self._by_digest = {d: s for d, s in self._by_digest.items() if s < n_slots}
+
+    def refs(self) -> list:
+        """Rows referring to each slot (a copy; ``[]`` before the first write)."""
+        return list(self._refs or ())
 
     # ------------------------------------------------------------------ append
     def append(self, row: Tensor, dense: dict, turns: Tensor,
                turn_texts: Sequence[str], lexical_docs: Optional[dict],
-               session_id: str) -> int:
+               digest: bytes) -> int:
         """Add one distinct session (``dense``: a ``[d]`` row of every dense table,
-        ``lexical_docs``: a TermMatrix of every document set); returns its slot
-        (referenced once)."""
+        ``lexical_docs``: a TermMatrix of every document set, ``digest``: its
+        :func:`session_digest`); returns its slot (referenced once)."""
         slot = self.n_slots
         self.gran.append(row.unsqueeze(0))
+        self.digest.append(torch.frombuffer(bytearray(digest), dtype=torch.uint8)[None])
         for k, g in self.dense.items():
             g.append(dense[k].reshape(1, -1))
         if self.turns is not None:
@@ -262,8 +394,8 @@ class SessionStore:
             for g, m in lexical_docs.items():
                 self.terms[g].append(m)
         if self._refs is not None:
-            self._refs.append(0)
-            self.ref(slot, session_id)
+            self._refs.append(1)
+            self._by_digest.setdefault(digest, slot)
         return slot
 
     # ------------------------------------------------------------------ compaction
@@ -274,48 +406,19 @@ class SessionStore:
                 and self.garbage > max(COMPACT_MIN_GARBAGE, self.n_slots // 2))
 
     def compacted(self) -> tuple["SessionStore", Tensor]:
-        """A new store with the live slots only (old snapshots keep the old buffers),
-        and ``[old n_slots]`` new slot of each old slot (-1 for garbage)."""
+        """A new store with the live slots only (old snapshots keep the old buffers) and
+        a vocabulary of the terms they and the questions use, and ``[old n_slots]`` new
+        slot of each old slot (-1 for garbage)."""
         live = torch.tensor([r > 0 for r in self._refs], dtype=torch.bool)
         keep = torch.nonzero(live).squeeze(1)
         remap = torch.full((self.n_slots,), -1, dtype=torch.long)
         remap[keep] = torch.arange(keep.numel())
-        t = self.tables()
-        turns = turn_ptr = text = None
-        if t.turn_ptr is not None:
-            _, tid = expand_ranges(t.turn_ptr, keep)
-            cnt = t.turn_ptr[keep + 1] - t.turn_ptr[keep]
-            turn_ptr = torch.cat([torch.zeros(1, dtype=torch.int64), cnt.cumsum(0)])
-            if t.turns is not None:
-                turns = t.turns[tid]
-            if t.turn_text is not None:
-                text = t.turn_text.take(tid)
-        lex = None
-        if self.lexical is not None:
-            lex = gather_lexical(t, keep)
-        new = SessionStore(t.gran[keep], {k: v[keep] for k, v in t.dense.items()},
-                           turns, turn_ptr, text, lex)
+        t = self.tables().take(keep)
+        t = without_unused_terms(t)
+        lex = t.lexical_index() if t.lexical_base is not None else None
+        new = SessionStore(t.gran, t.dense, t.turns, t.turn_ptr, t.turn_text, lex, t.digest)
         new._refs = [self._refs[i] for i in keep.tolist()]
-        new._by_id = {}
-        for sid, slots in self._by_id.items():
-            got = {int(remap[s]) for s in slots if int(remap[s]) >= 0}
-            if got:
-                new._by_id[sid] = got
+        new._by_digest = {d: int(remap[s]) for d, s in self._by_digest.items()
+                          if int(remap[s]) >= 0}
+        new.garbage = 0
         return new, remap
-
-
-def gather_lexical(t: StoreTables, slots: Tensor):
-    """A :class:`~memgas_gpu.lexical.LexicalIndex` with the documents of ``slots`` only
-    (slot ``slots[i]`` becomes ``i``), sharing the vocabulary and question terms."""
-    from ..lexical import LexicalIndex
-
-    docs, ptr = {}, {}
-    for g in t.lexical_docs:
-        p = t.lexical_ptr[g]
-        _, ids = expand_ranges(p, slots)
-        docs[g] = t.lexical_docs[g].rows(ids)
-        cnt = p[slots + 1] - p[slots]
-        ptr[g] = torch.cat([torch.zeros(1, dtype=torch.int64), cnt.cumsum(0)])
-    base = t.lexical_base
-    return LexicalIndex(base.tokenizer, base.vocab, docs, ptr, base.queries,
-                        n_terms=t.n_terms)

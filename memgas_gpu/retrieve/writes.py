@@ -13,7 +13,7 @@ from .graphs import candidates, edges_of
 from .meta import GraphParams
 from .signals import stored_texts
 
-__all__ = ["check_session", "append_session", "grow_graph"]
+__all__ = ["check_session", "check_date", "session_texts", "append_session", "grow_graph"]
 
 
 def check_session(conversation_id, session, summary, keywords) -> None:
@@ -42,17 +42,37 @@ def check_session(conversation_id, session, summary, keywords) -> None:
     if bad is not None:
         raise ValueError(f"{bad} holds a lone UTF-16 surrogate (not valid Unicode text); "
                          "nothing was added")
+    check_date(session.date, f"session {session.id!r}: date")
 
 
-def append_session(store, session: Session, summary, keywords, enc, dim: int) -> int:
-    """Encode and tokenise a new distinct session and append it to ``store``; returns its
-    slot.  Checks the embeddings (width ``dim``, finite) before the store changes."""
-    from ..expand.offline import OfflineExtractor
+def check_date(text: str, what: str) -> None:
+    """Refuse a non-empty date python-dateutil cannot read (the time cue would ignore it
+    without a word); ``""`` means unknown."""
+    from .cues import parse_date
 
+    if text.strip() and parse_date(text) is None:
+        raise ValueError(f"{what} {text[:80]!r} is not a date python-dateutil reads (e.g. "
+                         "'2024-05-01' or '1:56 pm on 8 May, 2023'; '' when unknown); "
+                         "nothing was changed")
+
+
+def session_texts(session: Session, summary, keywords) -> tuple[str, str]:
+    """The summary and keyword texts ``add_session`` stores: the given ones, else the
+    offline extractor's on this session alone."""
     if summary is None or keywords is None:
+        from ..expand.offline import OfflineExtractor
+
         u, k = OfflineExtractor().expand([session.text], progress=False)
         summary = u[0] if summary is None else summary
         keywords = k[0] if keywords is None else keywords
+    return summary, keywords
+
+
+def append_session(store, session: Session, summary: str, keywords: str, enc, dim: int,
+                   digest: bytes) -> int:
+    """Encode and tokenise a new distinct session (its texts from :func:`session_texts`)
+    and append it to ``store``; returns its slot.  Checks the embeddings (width ``dim``,
+    finite) before the store changes."""
     dense_fn, lexical_fn = stored_texts("dense"), stored_texts("lexical")
     missing = [k for k in store.dense if k not in dense_fn] + \
         [k for k in (store.terms or {}) if k not in CODES and k not in lexical_fn]
@@ -86,7 +106,7 @@ def append_session(store, session: Session, summary, keywords, enc, dim: int) ->
         docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
                                         for x in parts[g]]) for g in store.terms}
     dense = {k: emb[3 + nt + i] for i, k in enumerate(names)}
-    return store.append(row, dense, emb[1:1 + nt], session.turns, docs, session.id)
+    return store.append(row, dense, emb[1:1 + nt], session.turns, docs, digest)
 
 
 def grow_graph(graph, gran: Tensor, p: GraphParams):
