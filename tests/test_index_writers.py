@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from memgas_gpu.data.model import Session
 from memgas_gpu.retrieve import IndexConflictError, IndexFormatError, IndexLockError
-from memgas_gpu.retrieve import storage
+from memgas_gpu.retrieve import persist, storage
 from memgas_gpu.retrieve.persist import load_index, save_index
 
 from _hostile import ROOT, build_small_index, one_line_error, run_cli, version_dir
@@ -43,6 +44,141 @@ def _sessions(path: Path) -> list:
 
 def _entries(path: Path) -> list:
     return sorted(p.name for p in path.iterdir())
+
+
+# ---- a save through another folder does not forget the first one ---------------------
+def test_a_save_elsewhere_does_not_hide_another_writers_save(tmp_path, small):
+    """P1 and P2 load F; P2 saves X to F; P1 saves a backup to B, then Y to F: refused
+    (F was changed since P1 loaded it), X kept.  Two loads in one process are two
+    independent writers here."""
+    _, path = small
+    f, b = _copy(path, tmp_path / "F"), tmp_path / "B"
+    p1, p2 = load_index(f), load_index(f)
+    p2.add_session("conv-30", _session("X"))
+    save_index(p2, f)
+    save_index(p1, b)  # a backup: another folder, written as asked
+    assert p1.folder_version.folder == os.path.realpath(b)  # the last folder, as before
+    assert p1.folder_versions == {os.path.realpath(f): load_index(path).folder_version.version,
+                                  os.path.realpath(b): version_dir(b).name}
+    p1.add_session("conv-30", _session("Y"))
+    with pytest.raises(IndexConflictError, match="another writer saved version") as e:
+        save_index(p1, f)
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+    assert _sessions(f)[-1] == "X" and "Y" not in _sessions(f)
+    # the backup folder is still checked too: another writer there is not overwritten
+    p3 = load_index(b)
+    p3.add_session("conv-30", _session("Z"))
+    save_index(p3, b)
+    with pytest.raises(IndexConflictError):
+        save_index(p1, b)
+    assert _sessions(b)[-1] == "Z"
+    save_index(p1, f, force=True)  # force still replaces whatever is there
+    assert _sessions(f)[-1] == "Y" and "X" not in _sessions(f)
+    save_index(p1, f)  # its own last save is what it expects
+    assert p1.folder_versions[os.path.realpath(f)] == version_dir(f).name
+
+
+def test_the_folder_versions_do_not_travel_between_copies(tmp_path, small):
+    """A copy (pickle, as for a Ray task) carries the versions it knew; a save of one
+    does not change what the other expects."""
+    import pickle
+
+    _, path = small
+    f = _copy(path, tmp_path / "F")
+    a = load_index(f)
+    b = pickle.loads(pickle.dumps(a))
+    assert b.folder_versions == a.folder_versions
+    save_index(a, f)
+    with pytest.raises(IndexConflictError):
+        save_index(b, f)
+
+
+# ---- saves of one index from several threads ------------------------------------------
+def test_a_save_that_starts_after_another_returned_writes_a_state_as_new(tmp_path, small,
+                                                                        monkeypatch):
+    """Thread A's save is slowed inside its checks; meanwhile a session is added and
+    thread B saves.  B's save returned, so the folder must hold B's session at the end:
+    A's older snapshot must never become current after it."""
+    _, path = small
+    f = _copy(path, tmp_path / "F")
+    idx = load_index(f)
+    a_checking, b_returned = threading.Event(), threading.Event()
+    real = persist.check_tensors
+    first = []
+
+    def slow_check(*args, **kw):
+        if not first:  # thread A: wait (at most 2 s) for B's save to return
+            first.append(threading.current_thread().name)
+            a_checking.set()
+            b_returned.wait(2.0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(persist, "check_tensors", slow_check)
+    errors = []
+
+    def save(then=None):
+        try:
+            save_index(idx, f)
+        except Exception as e:  # reported below
+            errors.append(e)
+        if then is not None:
+            then.set()
+
+    a = threading.Thread(target=save, name="A")
+    a.start()
+    assert a_checking.wait(60)
+    idx.add_session("conv-30", _session("B-session"))
+    b = threading.Thread(target=save, args=(b_returned,), name="B")
+    b.start()
+    a.join(120), b.join(120)
+    assert not errors, errors
+    assert first == ["A"]
+    assert _sessions(f)[-1] == "B-session"
+    assert idx.folder_version.version == version_dir(f).name
+
+
+def test_threads_saving_one_index_never_conflict_and_lose_nothing(tmp_path, small):
+    """Each thread adds its own sessions and saves after each: every save succeeds
+    (a thread's save never conflicts with another thread of the same index) and the
+    folder ends with every session (the last save started after every add)."""
+    _, path = small
+    f = _copy(path, tmp_path / "F")
+    idx = load_index(f)
+    errors, added = [], []
+    go = threading.Barrier(6)
+
+    def work(t):
+        go.wait()
+        for i in range(3):
+            sid = f"t{t}-{i}"
+            try:
+                idx.add_session("conv-30", _session(sid))
+                added.append(sid)
+                save_index(idx, f)
+            except Exception as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, f"{len(errors)} of 18 saves failed: {errors[0]!r}"
+    assert len(added) == 18
+    assert set(added) <= set(_sessions(f))
+    assert idx.folder_version.version == version_dir(f).name
+
+
+def test_the_save_lock_is_not_pickled(small):
+    import pickle
+
+    idx, _ = small
+    state = idx.__getstate__()
+    assert "_save_lock" not in state and "_write_lock" not in state
+    copy = pickle.loads(pickle.dumps(idx))
+    assert copy._save_lock is not idx._save_lock
+    with copy._save_lock:  # a working lock of its own
+        assert not idx._save_lock.locked()
 
 
 # ---- the lock file ---------------------------------------------------------------------
