@@ -337,6 +337,14 @@ class _Full:
                     raise OSError(errno.ENOSPC, "No space left on device")
                 return real(p, data)
             monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
+        elif self.stage == "lock":  # the holder's process id cannot be written
+            real = storage._stamp
+
+            def stamp(fd, text):
+                if not text.endswith("released\n"):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real(fd, text)
+            monkeypatch.setattr(storage, "_stamp", stamp)
         else:  # the pointer: its temporary file fills the disk
             import json
             real = json.dump
@@ -348,7 +356,7 @@ class _Full:
             monkeypatch.setattr(storage.json, "dump", dump)
 
 
-@pytest.mark.parametrize("stage", ["tensors", "tensors-rust", "manifest", "pointer"])
+@pytest.mark.parametrize("stage", ["tensors", "tensors-rust", "manifest", "pointer", "lock"])
 def test_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, small, monkeypatch,
                                                            stage):
     _, path = small
@@ -360,7 +368,8 @@ def test_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, small, monke
     with pytest.raises(OSError) as e:
         save_index(idx, f)
     monkeypatch.undo()
-    assert e.value.errno == errno.ENOSPC and e.value.filename == str(f)
+    named = f / ".lock" if stage == "lock" else f
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(named)
     assert "No space left on device" in str(e.value) and "\n" not in str(e.value)
     assert "the previous version is still current" in str(e.value)
     assert _entries(f) == before and _sessions(f) == sessions  # nothing half-written

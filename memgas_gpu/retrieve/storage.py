@@ -229,7 +229,7 @@ def _locked(path: Path, timeout: float):
         try:
             _stamp(fd, me + "\n")
         except OSError as e:
-            raise _write_failed(e, lock, "the lock file") from None
+            raise (_write_failed(e, lock, "the lock file") or e) from None
         yield
     finally:
         if held:
