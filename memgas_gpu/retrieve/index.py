@@ -91,11 +91,15 @@ class MemoryIndex:
         self.params = params
         self.config = config
         #: the folder and version this index was loaded from or last saved to
-        #: (:class:`~memgas_gpu.retrieve.persist.FolderVersion`), else None; a save into
-        #: that folder after another writer's is refused (docs/failure.md)
+        #: (:class:`~memgas_gpu.retrieve.persist.FolderVersion`), else None
         self.folder_version = None
+        #: ``{folder: version}`` of every folder this index was loaded from or saved to
+        #: (folders absolute, symbolic links resolved); a save into one of them after
+        #: another writer's is refused (docs/failure.md)
+        self.folder_versions: dict = {}
         self._encoder = None
         self._write_lock = threading.RLock()
+        self._save_lock = threading.Lock()  # one save at a time (persist.save_index)
         self._cache = ViewCache(max_views)
         dense = dict(tables or {})
         if concat is not None:
@@ -122,6 +126,7 @@ class MemoryIndex:
         derived-data cache (rebuilt on the other side)."""
         d = dict(self.__dict__)
         d.pop("_write_lock", None)
+        d.pop("_save_lock", None)
         d["_cache"] = self._cache.max_views
         return d
 
@@ -129,6 +134,7 @@ class MemoryIndex:
         d = dict(d)
         d["_cache"] = ViewCache(d["_cache"])
         d["_write_lock"] = threading.RLock()
+        d["_save_lock"] = threading.Lock()
         self.__dict__.update(d)
 
     # ------------------------------------------------------------------ building

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Optional, Union
 
@@ -20,7 +21,8 @@ from ..data.model import Question
 from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
 from .meta import ConversationMeta, GraphParams
 from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
-                      IndexConflictError, IndexLockError, read_index_dir, write_index_dir)
+                      IndexConflictError, IndexLockError, check_lock_timeout, read_index_dir,
+                      write_index_dir)
 from .texts import TextTable
 
 __all__ = ["save_index", "load_index", "FORMAT_VERSION", "FolderVersion", "IndexFormatError",
@@ -96,6 +98,18 @@ def _as_stored(path: Path, manifest: dict) -> tuple[str, dict]:
     return text, json_loads(text)
 
 
+#: serializes the saves of objects without a save lock of their own (not MemoryIndex)
+_SAVE_LOCK = threading.Lock()
+
+
+def _expected(index, folder: str) -> Optional[str]:
+    """The version ``index`` last saw ``folder`` at (loaded from or saved to), or None."""
+    last = getattr(index, "folder_version", None)
+    if last is not None and last.folder == folder:
+        return last.version
+    return (getattr(index, "folder_versions", None) or {}).get(folder)
+
+
 def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32, *,
                force: bool = False, lock_timeout: float = LOCK_TIMEOUT) -> Path:
     """Write ``index`` to the folder ``path``; an index already there is replaced
@@ -103,9 +117,13 @@ def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.
 
     Nothing is written unless the new version passes every check a load makes, so a
     save never replaces a loadable index with one that does not load.  An index
-    remembers where it came from (``index.folder_version``): saving it into that folder
-    after another writer saved there is refused (optimistic concurrency), unless
-    ``force``.  On success ``index.folder_version`` names the new version.
+    remembers the version of every folder it was loaded from or saved to
+    (``index.folder_versions``; ``index.folder_version`` is the last one): saving it
+    into one of them after another writer saved there is refused (optimistic
+    concurrency), unless ``force``.  Saves of one index run one at a time, from taking
+    the snapshot to recording the new version: a save that starts after another
+    returned writes a state at least as new, and threads sharing an index never
+    conflict with each other.
 
     Raises:
         IndexFormatError: ``path`` is a file or a folder that is not an index, or the
@@ -113,30 +131,37 @@ def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.
         IndexConflictError: another writer saved to ``path`` since ``index`` was loaded
             from or saved to it.
         IndexLockError: another writer held the folder's lock for ``lock_timeout`` s.
+        OSError: writing failed (a full disk, say), naming ``path``; the previous version
+            is still current.
+        TypeError, ValueError: ``lock_timeout`` is not a finite number from 0.
     """
+    check_lock_timeout(lock_timeout)
     path = Path(path)
-    # one consistent state of a MemoryIndex, whatever writers do meanwhile
-    snap = index.snapshot() if hasattr(index, "snapshot") else index
-    tensors = _tensors(snap, dtype)
-    manifest = _manifest(snap, tensors)
-    text, stored = _as_stored(path, manifest)
-    what = f"{path} (not saved)"
-    check_manifest(what, stored)
-    check_tensors(what, tensors, stored, checksums=False)  # just computed from them
-    expect: Optional[str] = None
-    origin = getattr(index, "folder_version", None)
-    if origin is not None and not force and origin.folder == os.path.realpath(path):
-        expect = origin.version
-    name = write_index_dir(path, tensors, text.encode(), expect=expect,
-                           lock_timeout=lock_timeout)
-    index.folder_version = FolderVersion(os.path.realpath(path), name)
+    with getattr(index, "_save_lock", None) or _SAVE_LOCK:
+        # one consistent state of a MemoryIndex, whatever writers do meanwhile
+        snap = index.snapshot() if hasattr(index, "snapshot") else index
+        tensors = _tensors(snap, dtype)
+        manifest = _manifest(snap, tensors)
+        text, stored = _as_stored(path, manifest)
+        what = f"{path} (not saved)"
+        check_manifest(what, stored)
+        check_tensors(what, tensors, stored, checksums=False)  # just computed from them
+        expect = None if force else _expected(index, os.path.realpath(path))
+        name = write_index_dir(path, tensors, text.encode(), expect=expect,
+                               lock_timeout=lock_timeout)
+        folder = os.path.realpath(path)
+        # a new dict: a shallow copy of the index keeps what it knew
+        index.folder_versions = {**(getattr(index, "folder_versions", None) or {}),
+                                 folder: name}
+        index.folder_version = FolderVersion(folder, name)
     return path
 
 
 def load_index(path: Union[str, os.PathLike], cls=None):
     """Read an index folder written by :func:`save_index` (format version 1 or 2) as a
     ``cls`` (default :class:`~memgas_gpu.retrieve.MemoryIndex`); its
-    ``folder_version`` names the folder and the version read.
+    ``folder_version`` names the folder and the version read (and ``folder_versions``
+    maps that folder to that version).
 
     Raises:
         IndexFormatError: a corrupted, edited, incomplete or newer index (one line
@@ -155,6 +180,7 @@ def load_index(path: Union[str, os.PathLike], cls=None):
         raise IndexFormatError(f"{mf}: inconsistent index ({type(e).__name__}: {e})") \
             from None
     index.folder_version = origin
+    index.folder_versions = {origin.folder: origin.version}
     return index
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
+import numbers
 import os
 import re
 import shutil
@@ -40,7 +42,8 @@ from .checks import IndexFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "LOCK_TIMEOUT",
            "LEGACY_VERSION", "FolderVersion", "StoredIndex", "IndexConflictError",
-           "IndexLockError", "current_version", "write_index_dir", "read_index_dir", "check_target"]
+           "IndexLockError", "current_version", "write_index_dir", "read_index_dir", "check_target",
+           "check_lock_timeout"]
 
 FORMAT_NAME = "memgas_gpu.index"
 #: 2: versioned subfolders behind a pointer manifest; 1: one folder (still read)
@@ -55,6 +58,8 @@ LEGACY_VERSION = "v1-folder"
 _VERSION_DIR = re.compile(r"^v-[0-9a-f]{32}$")
 _TMP_PREFIX = ".tmp-"
 _LOCK = ".lock"
+#: the word after ``PID HOST`` in a lock file its writer released
+_RELEASED = "released"
 #: the temporary file :func:`memgas_gpu._io.atomic_write` makes for the pointer
 _POINTER_TMP = re.compile(r"^\.manifest\.json\.[a-z0-9_]{8}\.tmp$")
 _READ_TRIES = 20
@@ -113,12 +118,29 @@ def _is_own(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- the lock
-def _process_state(pid: int) -> str:
+def check_lock_timeout(value) -> float:
+    """``value`` as seconds to wait for a lock: a finite number from 0 (not a bool).
+
+    Raises:
+        TypeError: not a number.
+        ValueError: NaN (it waited forever), infinite or negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"lock_timeout: expected a finite number of seconds from 0, got "
+                        f"{type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"lock_timeout: expected a finite number of seconds from 0, got "
+                         f"{value!r}")
+    return seconds
+
+
+def _process_state(pid: int, inherited: str = ": another process inherited its lock") -> str:
     """What ``/proc`` says of ``pid``: its command and whether it runs."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text(errors="replace")
     except FileNotFoundError:
-        return "no longer running: another process inherited its lock"
+        return "no longer running" + inherited
     except OSError:
         return "state unknown"
     comm = raw[raw.find("(") + 1:raw.rfind(")")][:32]
@@ -129,7 +151,9 @@ def _process_state(pid: int) -> str:
 
 
 def _holder(fd: int) -> str:
-    """The holder a lock file names (``PID HOST``, written by the holder)."""
+    """The holder a lock file names (``PID HOST`` written by the holder, ``PID HOST
+    released`` once that writer released it: then whoever holds it now inherited the
+    descriptor from it, a process it started or forked while it saved)."""
     try:
         words = os.pread(fd, 256, 0).decode("ascii", "replace").split()
     except OSError:
@@ -137,9 +161,22 @@ def _holder(fd: int) -> str:
     if not words or not words[0].isdigit() or len(words[0]) > 10:
         return "another writer (it has not written its process id)"
     pid, host = int(words[0]), (words[1][:64] if len(words) > 1 else "")
+    if len(words) > 2 and words[2] == _RELEASED:
+        where = (f"on host {host!r}" if host and host != socket.gethostname()
+                 else _process_state(pid, inherited=""))
+        return (f"a process that inherited it from process {pid} ({where}), which wrote the "
+                "lock and released it: a process it started or forked while it saved keeps "
+                "the lock open (end that process)")
     if host and host != socket.gethostname():
         return f"process {pid} on host {host!r}"
     return f"process {pid} ({_process_state(pid)})"
+
+
+def _stamp(fd: int, text: str) -> None:
+    """Replace the lock file's contents by ``text`` (never empty in between)."""
+    data = text.encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
 
 
 @contextlib.contextmanager
@@ -147,8 +184,9 @@ def _locked(path: Path, timeout: float):
     """Hold an exclusive lock on ``path/.lock`` (writers queue; readers never lock).
 
     The lock file is opened without following a symbolic link and must be a regular
-    file; the holder writes ``PID HOST`` into it so that a writer that gives up after
-    ``timeout`` seconds can name it.
+    file of one name (a hard link would make a save overwrite another file); the holder
+    writes ``PID HOST`` into it so that a writer that gives up after ``timeout`` seconds
+    can name it, and ``PID HOST released`` when it releases it.
     """
     import fcntl
 
@@ -160,11 +198,19 @@ def _locked(path: Path, timeout: float):
         if e.errno == errno.ELOOP:
             raise IndexFormatError(f"{lock}: a symbolic link; a lock file is never "
                                    "followed (remove it)") from None
+        if e.errno == errno.EISDIR:
+            raise IndexFormatError(f"{lock}: a folder, not a lock file (remove it)") \
+                from None
         raise
     held = False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise IndexFormatError(f"{lock}: not a regular file (remove it)")
+        if st.st_nlink > 1:
+            raise IndexFormatError(f"{lock}: has {st.st_nlink} hard links (another name of "
+                                   "the same file, which a save would overwrite); a lock "
+                                   "file must be its own file (remove it)")
         deadline = time.monotonic() + timeout
         pause = 0.005
         while True:
@@ -179,20 +225,43 @@ def _locked(path: Path, timeout: float):
                 time.sleep(pause)
                 pause = min(2 * pause, 0.2)
         held = True
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        me = f"{os.getpid()} {socket.gethostname()}"
+        try:
+            _stamp(fd, me + "\n")
+        except OSError as e:
+            raise (_write_failed(e, lock, "the lock file") or e) from None
         yield
     finally:
         if held:
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-        os.close(fd)  # releases the lock
+                _stamp(fd, f"{me} {_RELEASED}\n")
+        os.close(fd)  # releases the lock (unless a process inherited the descriptor)
 
 
 # ------------------------------------------------------------------------- writing
+def _write_failed(e: BaseException, where: Path, what: str) -> Optional[OSError]:
+    """The error to raise for ``e``, a write that failed in the operating system (an
+    ``OSError``, or safetensors' error carrying an ``os error N``), naming ``where`` and
+    keeping the error number (and so ``OSError``'s subclass); None for other errors."""
+    if isinstance(e, OSError) and e.errno is not None:
+        code = e.errno
+    else:
+        found = (re.search(r"\(os error (\d+)\)", str(e))
+                 if type(e).__name__ == "SafetensorError" else None)
+        if found is None:
+            return None
+        code = int(found.group(1))
+    return OSError(code, f"{os.strerror(code)} (writing {what}); the index was not saved "
+                         "and the previous version is still current", str(where))
+
+
 def _check_target(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise IndexFormatError(f"{path}: exists and is not a folder; not replaced")
+    top = path / "manifest.json"
+    if top.exists() and not top.is_file():
+        what = "a folder, not a file" if top.is_dir() else "not a regular file"
+        raise IndexFormatError(f"{top}: {what}; the folder is not replaced")
     if path.is_dir() and not (path / "manifest.json").exists():
         foreign = [p.name for p in path.iterdir() if not _is_own(p.name)]
         if foreign:
@@ -272,17 +341,23 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
         expect: the version the folder must still be at (the one the index was loaded
             from); None: replace whatever is there.  A folder without an index is
             always written.
-        lock_timeout: seconds to wait for another writer's lock.
+        lock_timeout: seconds to wait for another writer's lock (a finite number from
+            0).
 
     Raises:
         IndexFormatError: ``path`` is a file, a folder that is not an index, its lock
-            file is a symbolic link, or the manifest is larger than
-            :data:`MAX_MANIFEST_BYTES`.
+            file is a symbolic link, a hard link or a folder, or the manifest is larger
+            than :data:`MAX_MANIFEST_BYTES`.
         IndexConflictError: the folder is at another version than ``expect``.
         IndexLockError: the lock stayed held for ``lock_timeout`` seconds.
+        OSError: writing failed (a full disk, say): the error names ``path`` and keeps
+            its number; nothing of the new version is left and the previous one is
+            still current.
+        TypeError, ValueError: ``lock_timeout`` is not a finite number from 0.
     """
-    from safetensors.torch import save_file
+    import safetensors.torch
 
+    lock_timeout = check_lock_timeout(lock_timeout)
     path = Path(path)
     if len(manifest) > MAX_MANIFEST_BYTES:
         raise IndexFormatError(f"{path}: the manifest would take {len(manifest)} bytes, more "
@@ -302,11 +377,15 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
                     "replace it)")
         name = f"v-{uuid.uuid4().hex}"
         tmp = path / f"{_TMP_PREFIX}{name}"
-        tmp.mkdir(mode=0o777 & ~_umask())
+        what = "the new version's files"
         try:
-            save_file(tensors, str(tmp / "tensors.safetensors"),
-                      metadata={"format": FORMAT_NAME})
+            tmp.mkdir(mode=0o777 & ~_umask())
+            what = "tensors.safetensors"
+            safetensors.torch.save_file(tensors, str(tmp / "tensors.safetensors"),
+                                        metadata={"format": FORMAT_NAME})
+            what = "manifest.json"
             (tmp / "manifest.json").write_bytes(manifest)
+            what = "the new version's files"
             for p in tmp.iterdir():  # one mode for every file of the index (the umask)
                 os.chmod(p, mode)
                 with open(p, "rb") as f:
@@ -314,13 +393,27 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
             _fsync_dir(tmp)
             _verify_written(tmp, manifest, tensors)
             os.replace(tmp, path / name)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            named = _write_failed(e, path, what)
+            if named is not None:
+                raise named from None
             raise
         _fsync_dir(path)
-        with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
-                       "manifest_crc32": zlib.crc32(manifest)}, f, indent=1)
+        try:
+            with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
+                json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
+                           "manifest_crc32": zlib.crc32(manifest)}, f, indent=1)
+        except BaseException as e:
+            # the pointer still names the previous version: the new one goes (unless an
+            # interruption came after the rename)
+            with contextlib.suppress(Exception):
+                if current_version(path) != name:
+                    shutil.rmtree(path / name, ignore_errors=True)
+            named = _write_failed(e, path, "the pointer manifest.json")
+            if named is not None:
+                raise named from None
+            raise
         _fsync_dir(path)
         _clean(path, keep=name)
     return name
@@ -330,10 +423,17 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
 def _read_json(mf: Path, cap: int):
     """The JSON value of ``mf`` (at most ``cap`` bytes, strict numbers) and its bytes."""
     fd = os.open(mf, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IndexFormatError(f"{mf}: not a regular file")
+        if not stat.S_ISREG(st.st_mode):  # checked before fdopen, whose error names the fd
+            raise IndexFormatError(f"{mf}: a folder, not a file" if stat.S_ISDIR(st.st_mode)
+                                   else f"{mf}: not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    with f:
         raw = f.read(cap + 1) if st.st_size <= cap else b""
     if st.st_size > cap or len(raw) > cap:
         raise IndexFormatError(f"{mf}: {max(st.st_size, len(raw))} bytes, more than the "
@@ -416,7 +516,11 @@ def _resolve(path: Path) -> tuple:
         return top, m, _load_tensors(path / "tensors.safetensors"), LEGACY_VERSION, False
     name = m["current"]
     mf = path / name / "manifest.json"
-    full, raw = _read_json(mf, MAX_MANIFEST_BYTES)
+    try:
+        full, raw = _read_json(mf, MAX_MANIFEST_BYTES)
+    except NotADirectoryError:
+        raise IndexFormatError(f"{path / name}: the current version named by {top} is not "
+                               "a folder") from None
     _check_header(mf, full)
     if "current" in full:
         raise IndexFormatError(f"{mf}: a pointer inside a version folder")
