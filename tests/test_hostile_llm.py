@@ -36,6 +36,16 @@ class _Server:
     def handle(self, h) -> None:
         mode = self.mode
         self.calls = getattr(self, "calls", 0) + 1
+        if mode == "custom":  # self.reply = (status, body, {header: value})
+            status, body, headers = self.reply
+            raw = body.encode()
+            h.send_response(status)
+            for k, v in {"Content-Type": "application/json",
+                         "Content-Length": str(len(raw)), **headers}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(raw)
+            return
         if mode == "retry_nan" and self.calls == 1:
             h.send_response(429)
             h.send_header("Retry-After", "nan")
@@ -196,3 +206,51 @@ def test_retry_after_nan_waits_the_backoff(server, caplog):
     assert "nan" not in line and "HTTP 429" in line, line
     delay = float(line.split(" in ")[-1].split()[0])
     assert 0.1 <= delay < 0.2 + 1e-9 and waited >= 0.1  # the backoff, with jitter
+
+
+# ---- round 4: usage counts that are not counts, keys in escapes and entities ------------
+def _answer(content: str, usage=None) -> str:
+    body = {"choices": [{"message": {"content": content}}]}
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize("count,kept", [
+    (10**30, 0), (2**63, 0), (2**53 + 1, 0), (-1, 0), (1.5, 0), ("12", 0), (True, 0),
+    (None, 0), ([3], 0), (2**53, 2**53), (7.0, 7), (7, 7)])
+def test_usage_counts_that_are_not_counts_are_unknown(server, tmp_path, count, kept):
+    """10**30 completion tokens went into SQLite as an OverflowError (a traceback from
+    `memgas expand`); the answer must still be cached and returned."""
+    from memgas_gpu.llm import ResponseCache
+
+    server.mode = "custom"
+    server.reply = (200, _answer("fine", {"prompt_tokens": count,
+                                          "completion_tokens": count}), {})
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    client = ChatClient(_client(server).config, cache=cache, progress=False)
+    assert client.map([ChatRequest.user("hi")]) == ["fine"]
+    assert (client.stats.prompt_tokens, client.stats.completion_tokens) == (kept, kept)
+    hit = cache.get(client.key(ChatRequest.user("hi")))
+    assert (hit.text, hit.prompt_tokens, hit.completion_tokens) == ("fine", kept, kept)
+    cache.close()
+
+
+def test_the_cache_bounds_counts_it_is_given_and_reads(tmp_path):
+    import sqlite3
+
+    from memgas_gpu.llm import ResponseCache
+    from memgas_gpu.llm.cache import CachedResponse
+
+    path = tmp_path / "c.sqlite"
+    with ResponseCache(path) as cache:
+        cache.put("k1", "m", CachedResponse("one", 10**30, -2))   # from a library caller
+        cache.put("k2", "m", CachedResponse("two", 5, 6))
+        assert cache.get("k1") == CachedResponse("one", 0, 0)
+    with sqlite3.connect(path) as db:  # another writer's row: text and a huge real
+        db.execute("UPDATE responses SET prompt_tokens='lots', completion_tokens=1e300 "
+                   "WHERE key='k2'")
+    with ResponseCache(path) as cache:
+        got = cache.get("k2")
+    assert got == CachedResponse("two", 0, 0)
+    assert type(got.prompt_tokens) is int and type(got.completion_tokens) is int

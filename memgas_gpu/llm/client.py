@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from .._io import replace_surrogates
 from ..progress import Progress
-from .cache import CachedResponse, ResponseCache, request_key
+from .cache import CachedResponse, ResponseCache, request_key, usage_count
 from .config import LLMConfig, LLMError, public_url, redact, url_secrets
 
 __all__ = ["ChatClient", "ChatRequest", "ClientStats", "LLMRequestError", "run_sync"]
@@ -360,11 +360,9 @@ class ChatClient:
         usage = data.get("usage") if isinstance(data, dict) else None
         usage = usage if isinstance(usage, dict) else {}
 
-        def _int(v) -> int:
-            return v if isinstance(v, int) and v >= 0 else 0
-
         # a server that echoes the key into the answer must not get it into the cache
         # or the output files; a lone surrogate ("\ud800") could not be written there
         return CachedResponse(self._redact(replace_surrogates(content.strip())),
-                              _int(usage.get("prompt_tokens")),
-                              _int(usage.get("completion_tokens")))
+                              # a count that is not one (huge, negative, fractional): 0
+                              usage_count(usage.get("prompt_tokens")),
+                              usage_count(usage.get("completion_tokens")))
