@@ -254,3 +254,19 @@ def test_the_cache_bounds_counts_it_is_given_and_reads(tmp_path):
         got = cache.get("k2")
     assert got == CachedResponse("two", 0, 0)
     assert type(got.prompt_tokens) is int and type(got.completion_tokens) is int
+
+
+def test_a_key_echoed_in_a_response_header_never_reaches_the_debug_log(server, caplog):
+    """httpcore logs every response's headers at DEBUG: a server echoing the
+    Authorization header there put the key into the application's logs."""
+    import logging
+
+    server.mode = "custom"
+    server.reply = (401, '{"error": "denied"}', {"X-Echo-Authorization": f"Bearer {KEY}"})
+    with caplog.at_level(logging.DEBUG, logger="httpcore"), \
+            caplog.at_level(logging.DEBUG, logger="httpx"), \
+            pytest.raises(LLMRequestError, match="HTTP 401"):
+        _client(server).map([ChatRequest.user("hi")])
+    assert "X-Echo-Authorization" in caplog.text  # the header line was logged ...
+    for piece in (KEY, KEY[:8], KEY[-8:], KEY[10:17]):
+        assert piece not in caplog.text  # ... without the key

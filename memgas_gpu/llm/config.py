@@ -8,21 +8,22 @@ base_url          ``MEMGAS_LLM_BASE_URL``, ``OPENAI_BASE_URL``, else OpenAI's
 api_key           ``MEMGAS_LLM_API_KEY``, ``OPENAI_API_KEY`` (optional for local servers)
 ================  ==========================================================
 
-The key is kept out of ``repr``, :meth:`LLMConfig.describe` and every message.
+The key is kept out of ``repr``, :meth:`LLMConfig.describe` and every message, and so
+are the base URL's credentials.
 """
 from __future__ import annotations
 
 import functools
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MemgasError
 
 __all__ = ["DEFAULT_BASE_URL", "LLMConfig", "LLMError", "LLMConfigError", "redact",
-           "secret_forms", "public_url", "url_secrets", "MAX_RESPONSE_BYTES"]
+           "secret_forms", "public_url", "url_secrets", "url_auth", "MAX_RESPONSE_BYTES"]
 
 #: default cap on one response body (a chat completion is a few kB)
 MAX_RESPONSE_BYTES = 16 << 20
@@ -98,9 +99,28 @@ def redact(text: str, secret: Optional[str]) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The user name and password of ``url`` (``https://user:pass@host``), if any."""
+    """The password and user name of ``url`` (``https://user:pass@host``), if any, as
+    written and URL-decoded."""
+    from urllib.parse import unquote
+
     parts = urlsplit(url)
-    return [x for x in (parts.password, parts.username) if x]
+    out = []
+    for x in (parts.password, parts.username):
+        for form in (x, unquote(x) if x else x):
+            if form and form not in out:
+                out.append(form)
+    return out
+
+
+def url_auth(url: str) -> Optional[tuple[str, str]]:
+    """The (user, password) of ``url``'s credentials, URL-decoded, for HTTP basic auth;
+    None without any."""
+    from urllib.parse import unquote
+
+    parts = urlsplit(url)
+    if not (parts.username or parts.password):
+        return None
+    return unquote(parts.username or ""), unquote(parts.password or "")
 
 
 def public_url(url: str) -> str:
@@ -162,6 +182,12 @@ class LLMConfig:
         if self.max_response_bytes < 1:
             raise LLMConfigError(f"max_response_bytes must be >= 1, got "
                                  f"{self.max_response_bytes}")
+
+    def __repr__(self) -> str:
+        # the generated repr would show the base URL's credentials
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["base_url"] = _strip_userinfo(self.base_url)
+        return f"LLMConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @classmethod
     def from_env(cls, model: Optional[str] = None, base_url: Optional[str] = None,
