@@ -31,7 +31,8 @@ from urllib.parse import urlsplit
 from .._io import replace_surrogates
 from ..progress import Progress
 from .cache import CachedResponse, ResponseCache, request_key, usage_count
-from .config import LLMConfig, LLMError, public_url, redact, url_auth, url_secrets
+from .config import (MIN_SECRET_CHARS, LLMConfig, LLMError, public_url, redact_all,
+                     url_auth, url_secrets)
 
 __all__ = ["ChatClient", "ChatRequest", "ClientStats", "LLMRequestError", "run_sync"]
 
@@ -316,9 +317,9 @@ class ChatClient:
         return h
 
     def _redact(self, text: str) -> str:
-        for secret in [self.config.api_key, *url_secrets(self.config.base_url)]:
-            text = redact(text, secret)
-        return text
+        # the config refuses a shorter key or password; a short user name is no secret
+        secrets = [self.config.api_key, *url_secrets(self.config.base_url)]
+        return redact_all(text, [s for s in secrets if s and len(s) >= MIN_SECRET_CHARS])
 
     def _error(self, req: ChatRequest, what: str) -> LLMRequestError:
         return LLMRequestError(self._redact(f"LLM request {req.label!r} to "
