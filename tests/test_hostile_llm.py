@@ -36,6 +36,16 @@ class _Server:
     def handle(self, h) -> None:
         mode = self.mode
         self.calls = getattr(self, "calls", 0) + 1
+        if mode == "custom":  # self.reply = (status, body, {header: value})
+            status, body, headers = self.reply
+            raw = body.encode()
+            h.send_response(status)
+            for k, v in {"Content-Type": "application/json",
+                         "Content-Length": str(len(raw)), **headers}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(raw)
+            return
         if mode == "retry_nan" and self.calls == 1:
             h.send_response(429)
             h.send_header("Retry-After", "nan")
@@ -196,3 +206,159 @@ def test_retry_after_nan_waits_the_backoff(server, caplog):
     assert "nan" not in line and "HTTP 429" in line, line
     delay = float(line.split(" in ")[-1].split()[0])
     assert 0.1 <= delay < 0.2 + 1e-9 and waited >= 0.1  # the backoff, with jitter
+
+
+# ---- round 4: usage counts that are not counts, keys in escapes and entities ------------
+def _answer(content: str, usage=None) -> str:
+    body = {"choices": [{"message": {"content": content}}]}
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize("count,kept", [
+    (10**30, 0), (2**63, 0), (2**53 + 1, 0), (-1, 0), (1.5, 0), ("12", 0), (True, 0),
+    (None, 0), ([3], 0), (2**53, 2**53), (7.0, 7), (7, 7)])
+def test_usage_counts_that_are_not_counts_are_unknown(server, tmp_path, count, kept):
+    """10**30 completion tokens went into SQLite as an OverflowError (a traceback from
+    `memgas expand`); the answer must still be cached and returned."""
+    from memgas_gpu.llm import ResponseCache
+
+    server.mode = "custom"
+    server.reply = (200, _answer("fine", {"prompt_tokens": count,
+                                          "completion_tokens": count}), {})
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    client = ChatClient(_client(server).config, cache=cache, progress=False)
+    assert client.map([ChatRequest.user("hi")]) == ["fine"]
+    assert (client.stats.prompt_tokens, client.stats.completion_tokens) == (kept, kept)
+    hit = cache.get(client.key(ChatRequest.user("hi")))
+    assert (hit.text, hit.prompt_tokens, hit.completion_tokens) == ("fine", kept, kept)
+    cache.close()
+
+
+def test_the_cache_bounds_counts_it_is_given_and_reads(tmp_path):
+    import sqlite3
+
+    from memgas_gpu.llm import ResponseCache
+    from memgas_gpu.llm.cache import CachedResponse
+
+    path = tmp_path / "c.sqlite"
+    with ResponseCache(path) as cache:
+        cache.put("k1", "m", CachedResponse("one", 10**30, -2))   # from a library caller
+        cache.put("k2", "m", CachedResponse("two", 5, 6))
+        assert cache.get("k1") == CachedResponse("one", 0, 0)
+    with sqlite3.connect(path) as db:  # another writer's row: text and a huge real
+        db.execute("UPDATE responses SET prompt_tokens='lots', completion_tokens=1e300 "
+                   "WHERE key='k2'")
+    with ResponseCache(path) as cache:
+        got = cache.get("k2")
+    assert got == CachedResponse("two", 0, 0)
+    assert type(got.prompt_tokens) is int and type(got.completion_tokens) is int
+
+
+def _forms(key: str) -> dict:
+    """The key as a server may write it: escapes, character references, invisible
+    characters between its letters (built here, independently of the redaction)."""
+    return {
+        "json_u_first": "\\u%04x" % ord(key[0]) + key[1:],
+        "json_u_all": "".join(f"\\u{ord(c):04x}" for c in key),
+        "json_u_upper": "".join(f"\\u{ord(c):04X}" for c in key),
+        "html_dec": "".join(f"&#{ord(c)};" for c in key),
+        "html_hex": "".join(f"&#x{ord(c):x};" for c in key),
+        "html_hex_upper_x": "".join(f"&#X{ord(c):X};" for c in key),
+        "html_one": key.replace("/", "&#x2F;"),
+        "html_named": key.replace("/", "&sol;").replace("+", "&plus;"),
+        "html_nested": f"&amp;#{ord(key[0])};" + key[1:],
+        "url_default_safe": quote(key),
+        **{f"zw_{ord(z):04x}": z.join([key[:10], key[10:20], key[20:]])
+           for z in "\u200b\u200c\u200d\u2060\ufeff"},
+        "zw_every_letter": "\u200b".join(key),
+        "zw_escaped": key[:10] + "\\u200b" + key[10:30] + "&#8203;" + key[30:],
+        "mixed": "\\u%04x" % ord(key[0]) + key[1:5] + "&#x%x;\u200d" % ord(key[5])
+                 + key[6:],
+    }
+
+
+@pytest.mark.parametrize("form", sorted(_forms(KEY)))
+def test_redact_finds_the_key_in_escapes_entities_and_invisible_splits(form):
+    from memgas_gpu.llm.config import redact
+
+    text = f'{{"error": "invalid key <{_forms(KEY)[form]}> (check it)"}}'
+    assert redact(text, KEY) == '{"error": "invalid key <***> (check it)"}'
+
+
+def test_a_short_secret_is_redacted_only_as_a_whole_token():
+    from memgas_gpu.llm.config import redact
+
+    text = "key ab; abc (ab) xab ab-c a&#98; \\u0061b zab\u200b"
+    assert redact(text, "ab") == "key ***; abc (***) xab ab-c *** *** zab\u200b"
+
+
+@pytest.mark.parametrize("kw,env", [
+    ({"api_key": "q7!"}, {}),
+    ({"base_url": "http://alice:z9@127.0.0.1:1/v1"}, {}),
+    ({"base_url": "http://alice:%7A%39@127.0.0.1:1/v1"}, {}),   # "z9", URL-escaped
+    ({}, {"OPENAI_API_KEY": "q7!"}),
+])
+def test_a_key_or_password_too_short_to_redact_is_refused(monkeypatch, kw, env):
+    from memgas_gpu.llm import LLMConfigError
+
+    for v in ("MEMGAS_LLM_API_KEY", "OPENAI_API_KEY", "MEMGAS_LLM_BASE_URL"):
+        monkeypatch.delenv(v, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(LLMConfigError, match="shorter than 4 characters") as e:
+        LLMConfig.from_env(model="m", **kw)
+    assert "q7!" not in str(e.value) and "z9" not in str(e.value)
+    LLMConfig.from_env(model="m", base_url="http://al:long-enough@h/v1", api_key="abcd")
+
+
+@pytest.mark.parametrize("form", ["json_u_all", "html_dec", "html_hex", "zw_200b",
+                                  "zw_feff", "mixed"])
+def test_an_escaped_key_never_shows_in_errors_or_answers(server, form):
+    written = _forms(KEY)[form]
+    server.mode = "custom"
+    server.reply = (401, '{"error": "invalid key ' + written + ' (check it)"}', {})
+    with pytest.raises(LLMRequestError) as e:
+        _client(server).map([ChatRequest.user("hi")])
+    assert "invalid key *** (check it)" in str(e.value), str(e.value)
+    server.reply = (200, _answer(f"your key is {written} ok"), {})
+    assert _client(server).map([ChatRequest.user("hi")]) == ["your key is *** ok"]
+
+
+def test_a_key_echoed_in_a_response_header_never_reaches_the_debug_log(server, caplog):
+    """httpcore logs every response's headers at DEBUG: a server echoing the
+    Authorization header there put the key into the application's logs."""
+    import logging
+
+    server.mode = "custom"
+    server.reply = (401, '{"error": "denied"}', {"X-Echo-Authorization": f"Bearer {KEY}"})
+    with caplog.at_level(logging.DEBUG, logger="httpcore"), \
+            caplog.at_level(logging.DEBUG, logger="httpx"), \
+            pytest.raises(LLMRequestError, match="HTTP 401"):
+        _client(server).map([ChatRequest.user("hi")])
+    assert "X-Echo-Authorization" in caplog.text  # the header line was logged ...
+    for piece in (KEY, KEY[:8], KEY[-8:], KEY[10:17]):
+        assert piece not in caplog.text  # ... without the key
+
+
+def test_decoding_works_in_bounded_windows_and_finds_a_key_across_their_edges():
+    """A body full of character references is decoded window by window, in bounded
+    memory (this 4 MiB at once takes ~33 MB; 16 MiB of invisible characters took 3 GB
+    before), and a key written across a window's edge is still found whole."""
+    from memgas_gpu.llm import config
+    from memgas_gpu.llm.config import redact
+
+    written = _forms(KEY)["html_dec"]  # ~200 characters
+    filler = "&#65;"
+    n = (4 << 20) // len(filler)
+    edge = config._WINDOW - 100  # the key starts in one window and ends in the next
+    pad = edge - (edge // len(filler)) * len(filler)
+    head = filler * (edge // len(filler)) + "x" * pad
+    text = written + " " + head[len(written) + 1:] + written + filler * n + written
+    assert text.index(written, 1) < config._WINDOW < text.index(written, 1) + len(written)
+    expected = text.replace(written, "***")
+    with PeakMemory() as peak:
+        out = redact(text, KEY)
+    assert out == expected
+    assert peak.host < 16 << 20, peak.host

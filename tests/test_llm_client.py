@@ -69,9 +69,11 @@ def test_endpoint_normalisation(url, endpoint):
 
 
 def test_config_hides_key():
-    cfg = LLMConfig(model="m", base_url="https://user:pw@h/v1", api_key=SECRET)
+    cfg = LLMConfig(model="m", base_url="https://user:pw-4567@h/v1", api_key=SECRET)
     assert SECRET not in repr(cfg) and SECRET not in str(cfg.describe())
-    assert "pw" not in cfg.describe()["base_url"]
+    assert "pw-4567" not in cfg.describe()["base_url"]
+    assert "pw-4567" not in repr(cfg) and "https://h/v1" in repr(cfg)
+    assert "pw-4567" not in repr(ChatClient(cfg, progress=False))
     assert cfg.describe()["temperature"] == 0.0
     with pytest.raises(LLMConfigError):
         LLMConfig(model="m", base_url="ftp://h")
@@ -176,6 +178,52 @@ def test_key_is_redacted_from_errors(server):
     with pytest.raises(LLMRequestError) as e:
         _client(server).map(_reqs(1))
     assert "HTTP 401" in str(e.value) and SECRET not in str(e.value) and "***" in str(e.value)
+
+
+@pytest.mark.parametrize("userinfo,user,password", [
+    ("alice:pa55w0rd-xyz", "alice", "pa55w0rd-xyz"),
+    ("bob:p%40ss%3Aw0rd", "bob", "p@ss:w0rd"),        # URL-escaped: sent decoded
+])
+def test_url_credentials_authenticate_and_never_reach_a_log(server, caplog, userinfo,
+                                                            user, password):
+    """httpx logged "HTTP Request: POST http://user:pass@host/..." at INFO."""
+    import base64
+
+    raw = []  # what the HTTP stack itself logs, seen before any filter of the client's
+
+    class Record(logging.Filter):
+        def filter(self, record):
+            raw.append(record.getMessage())
+            return True
+
+    seen = Record()
+    loggers = [logging.getLogger(n) for n in ("httpx", "httpcore.connection",
+                                              "httpcore.http11")]
+    base = server.base_url.replace("http://", f"http://{userinfo}@")
+    secret_bits = (password, userinfo.split(":")[1])
+    server.inject("500")
+    for lg in loggers:
+        lg.addFilter(seen)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="httpx"), \
+                caplog.at_level(logging.DEBUG, logger="httpcore"), \
+                caplog.at_level(logging.DEBUG, logger="memgas_gpu.llm"):
+            client = ChatClient(LLMConfig(model="fake-model", base_url=base, backoff=0.001),
+                                progress=False)
+            assert client.map(_reqs(1)) == [rule_answer("hello 0")]
+            server.inject("401_echo")  # echoes the Authorization header it got
+            with pytest.raises(LLMRequestError) as e:
+                client.map(_reqs(1, "again"))
+    finally:
+        for lg in loggers:
+            lg.removeFilter(seen)
+    expected = base64.b64encode(f"{user}:{password}".encode()).decode()
+    assert server.auth == [f"Basic {expected}"]  # the server was authenticated
+    assert "HTTP Request: POST http://127.0.0.1" in caplog.text and "HTTP 500" in caplog.text
+    assert raw and "HTTP 401" in str(e.value) and "***" in str(e.value)
+    for text in [caplog.text, *raw, str(e.value), repr(client)]:
+        for bit in secret_bits:
+            assert bit not in text, text
 
 
 def test_failure_keeps_earlier_responses_cached(server, tmp_path):

@@ -21,9 +21,14 @@ from typing import Optional, Sequence, Union
 
 from ..errors import MemgasError
 
-__all__ = ["CachedResponse", "ResponseCache", "default_cache_path", "request_key"]
+__all__ = ["CachedResponse", "ResponseCache", "default_cache_path", "request_key",
+           "usage_count", "MAX_TOKEN_COUNT"]
 
 _SCHEMA_VERSION = "1"
+
+#: the largest token count kept; a larger one is not a count (and 2**63 would not even
+#: fit SQLite's INTEGER)
+MAX_TOKEN_COUNT = 2 ** 53
 
 
 class CacheError(MemgasError):
@@ -44,6 +49,17 @@ def request_key(model: str, messages: Sequence[dict], params: dict) -> str:
     blob = json.dumps({"model": model, "messages": list(messages), "params": params},
                       sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def usage_count(value) -> int:
+    """A token count as a server reported it: a whole number in [0, MAX_TOKEN_COUNT], else
+    0 (unknown): negative, fractional, huge, boolean or not a number at all."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not 0 <= value <= MAX_TOKEN_COUNT:
+        return 0
+    return value
 
 
 def default_cache_path() -> Path:
@@ -103,13 +119,14 @@ class ResponseCache:
         """The stored response for ``key``, or None."""
         row = self._db.execute("SELECT response, prompt_tokens, completion_tokens FROM "
                                "responses WHERE key=?", (key,)).fetchone()
-        return None if row is None else CachedResponse(row[0], row[1] or 0, row[2] or 0)
+        return None if row is None else CachedResponse(row[0], usage_count(row[1]),
+                                                       usage_count(row[2]))
 
     def put(self, key: str, model: str, response: CachedResponse) -> None:
         """Store one response (committed immediately)."""
         self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                         (key, model, response.text, response.prompt_tokens,
-                          response.completion_tokens, time.time()))
+                         (key, model, response.text, usage_count(response.prompt_tokens),
+                          usage_count(response.completion_tokens), time.time()))
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]

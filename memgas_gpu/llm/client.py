@@ -10,8 +10,9 @@ async one.
 A 4xx answer (other than 429), a malformed body or one larger than
 ``max_response_bytes`` stops the batch with an :class:`LLMRequestError` naming the
 request, the status and a snippet of the body.  The key (in any encoding a server may
-echo it in) and the base URL's credentials are removed from every message, and the key
-from response texts before they are cached or returned.
+echo it in) and the base URL's credentials are removed from every message (also from the
+HTTP library's log lines; the credentials go as basic auth, never in the URL), and the
+key from response texts before they are cached or returned.
 Responses received before the error stay cached, so a rerun resumes.
 """
 from __future__ import annotations
@@ -29,8 +30,9 @@ from urllib.parse import urlsplit
 
 from .._io import replace_surrogates
 from ..progress import Progress
-from .cache import CachedResponse, ResponseCache, request_key
-from .config import LLMConfig, LLMError, public_url, redact, url_secrets
+from .cache import CachedResponse, ResponseCache, request_key, usage_count
+from .config import (MIN_SECRET_CHARS, LLMConfig, LLMError, public_url, redact_all,
+                     url_auth, url_secrets)
 
 __all__ = ["ChatClient", "ChatRequest", "ClientStats", "LLMRequestError", "run_sync"]
 
@@ -111,6 +113,41 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     except (TypeError, ValueError, IndexError):
         return None
     return min(max(when - time.time(), 0.0), _RETRY_AFTER_MAX)
+
+
+class _RedactLogs(logging.Filter):
+    """Removes a client's secrets from the HTTP stack's log records: httpx logs every
+    request's URL at INFO, httpcore the response headers at DEBUG (a server may echo the
+    key there)."""
+
+    def __init__(self, redact_fn) -> None:
+        super().__init__()
+        self._redact = redact_fn
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record is the logging module's to report
+            return True
+        clean = self._redact(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
+
+
+# httpcore creates its loggers when it first opens a connection: named ahead (a filter
+# set on a logger does not reach its children)
+_HTTP_LOGGERS = ("httpx", "httpcore", "httpcore.connection", "httpcore.http11",
+                 "httpcore.http2", "httpcore.proxy", "httpcore.socks")
+
+
+def _http_loggers() -> list:
+    """The loggers of the HTTP stack: the known ones and any other already created."""
+    roots = ("httpx", "httpcore", "h11", "h2", "hpack")
+    names = set(_HTTP_LOGGERS) | {n for n, lg in logging.root.manager.loggerDict.items()
+                                  if n.split(".")[0] in roots
+                                  and isinstance(lg, logging.Logger)}
+    return [logging.getLogger(n) for n in sorted(names)]
 
 
 class _TooLarge(Exception):
@@ -225,25 +262,35 @@ class ChatClient:
         # one; proxy variables (HTTPS_PROXY, NO_PROXY) apply except to this machine
         verify = self.config.endpoint.startswith("https://")
         local = urlsplit(self.config.endpoint).hostname in ("127.0.0.1", "localhost", "::1")
-        async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=not local,
-                                     verify=verify) as http:
-            tasks = [asyncio.ensure_future(self._one(http, sem, k, requests[idx[0]]))
-                     for k, idx in todo.items()]
-            try:
-                for fut in asyncio.as_completed(tasks):
-                    k, text = await fut
-                    for i in todo[k]:
-                        results[i] = text
-                    bar.update(len(todo[k]))
-                    self._bar_postfix(bar)
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            finally:
-                self.stats.seconds += time.perf_counter() - t0
-                bar.close()
+        # credentials in the URL go as basic auth, never in the URL httpx logs; the HTTP
+        # stack's own log lines are redacted while this runs
+        log_filter, loggers = _RedactLogs(self._redact), _http_loggers()
+        for lg in loggers:
+            lg.addFilter(log_filter)
+        try:
+            async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=not local,
+                                         verify=verify, auth=url_auth(self.config.endpoint)
+                                         ) as http:
+                tasks = [asyncio.ensure_future(self._one(http, sem, k, requests[idx[0]]))
+                         for k, idx in todo.items()]
+                try:
+                    for fut in asyncio.as_completed(tasks):
+                        k, text = await fut
+                        for i in todo[k]:
+                            results[i] = text
+                        bar.update(len(todo[k]))
+                        self._bar_postfix(bar)
+                except BaseException:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
+                finally:
+                    self.stats.seconds += time.perf_counter() - t0
+                    bar.close()
+        finally:
+            for lg in loggers:
+                lg.removeFilter(log_filter)
         return results  # type: ignore[return-value]
 
     def _bar_postfix(self, bar) -> None:
@@ -270,9 +317,9 @@ class ChatClient:
         return h
 
     def _redact(self, text: str) -> str:
-        for secret in [self.config.api_key, *url_secrets(self.config.base_url)]:
-            text = redact(text, secret)
-        return text
+        # the config refuses a shorter key or password; a short user name is no secret
+        secrets = [self.config.api_key, *url_secrets(self.config.base_url)]
+        return redact_all(text, [s for s in secrets if s and len(s) >= MIN_SECRET_CHARS])
 
     def _error(self, req: ChatRequest, what: str) -> LLMRequestError:
         return LLMRequestError(self._redact(f"LLM request {req.label!r} to "
@@ -285,7 +332,7 @@ class ChatClient:
     async def _send(self, http, payload: dict):
         """POST ``payload``; (status, headers, body bytes), the body read up to the cap."""
         cap = self.config.max_response_bytes
-        async with http.stream("POST", self.config.endpoint, json=payload,
+        async with http.stream("POST", public_url(self.config.endpoint), json=payload,
                                headers=self._headers()) as r:
             size = r.headers.get("content-length", "")
             if size.isdigit() and int(size) > cap:
@@ -336,8 +383,8 @@ class ChatClient:
                 delay = max(delay, retry_after) if retry_after <= cfg.backoff_max \
                     else retry_after
             self.stats.retries += 1
-            log.warning(redact(f"LLM request {req.label!r}: {reason}; retry {attempt}/"
-                               f"{cfg.max_retries} in {delay:.2f} s", cfg.api_key))
+            log.warning(self._redact(f"LLM request {req.label!r}: {reason}; retry "
+                                     f"{attempt}/{cfg.max_retries} in {delay:.2f} s"))
             await asyncio.sleep(delay)
 
     def _parse(self, req: ChatRequest, status: int, body: bytes) -> CachedResponse:
@@ -360,11 +407,9 @@ class ChatClient:
         usage = data.get("usage") if isinstance(data, dict) else None
         usage = usage if isinstance(usage, dict) else {}
 
-        def _int(v) -> int:
-            return v if isinstance(v, int) and v >= 0 else 0
-
         # a server that echoes the key into the answer must not get it into the cache
         # or the output files; a lone surrogate ("\ud800") could not be written there
         return CachedResponse(self._redact(replace_surrogates(content.strip())),
-                              _int(usage.get("prompt_tokens")),
-                              _int(usage.get("completion_tokens")))
+                              # a count that is not one (huge, negative, fractional): 0
+                              usage_count(usage.get("prompt_tokens")),
+                              usage_count(usage.get("completion_tokens")))
