@@ -197,6 +197,9 @@ def _edit(m: dict, what: str):
         "lexical_no_tokenizer": lambda: m.update(lexical={"n_terms": 3}),
         "lexical_bad_tokenizer": lambda: m["lexical"].update(tokenizer={"bogus": 1}),
         "config_list": lambda: m.update(config=[]),
+        "config_expansion_str": lambda: m["config"].update(expansion="offline"),
+        "config_summaries_int": lambda: m["config"].update(expansion={"summaries": 3}),
+        "config_build_list": lambda: m["config"].update(build=[]),
         "surrogate": lambda: q0.update(answer="x\udfff"),  # parses, cannot be written
     }
     edits[what]()
@@ -211,7 +214,8 @@ MANIFEST_EDITS = ["no_params", "no_graphs", "no_config", "no_convs", "no_questio
                   "questions_empty", "question_extra", "question_no_text",
                   "question_abst_str", "question_evidence_str", "question_list",
                   "lexical_str", "lexical_no_tokenizer", "lexical_bad_tokenizer",
-                  "config_list", "surrogate"]
+                  "config_list", "config_expansion_str", "config_summaries_int",
+                  "config_build_list", "surrogate"]
 
 
 def test_every_edited_manifest_gets_a_one_line_error(tmp_path, small):
@@ -231,6 +235,9 @@ def test_every_edited_manifest_gets_a_one_line_error(tmp_path, small):
     assert "field 'params.bogus': unknown setting" in messages["params_extra"]
     assert "field 'questions[0].text': missing" in messages["question_no_text"]
     assert "field 'questions[0].answer': a lone UTF-16 surrogate" in messages["surrogate"]
+    # read by the read path (signals="auto"): a string crashed search, eval and stats
+    assert "field 'config.expansion': expected an object" in messages["config_expansion_str"]
+    assert "field 'config.expansion.summaries'" in messages["config_summaries_int"]
     for raw in (b"\xff\xfe{", b"{", b"[]", b"", b"[" * 5000 + b"]" * 5000):
         mf.write_bytes(raw)
         with pytest.raises(IndexFormatError, match=str(mf)):

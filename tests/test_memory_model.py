@@ -29,8 +29,8 @@ pytest.importorskip("Stemmer")
 
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,  # noqa: E402
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  # noqa: E402
+                                 precondition, rule, run_state_machine_as_test)
 
 from memgas_gpu import Dataset, Session  # noqa: E402
 from memgas_gpu.retrieve import MemoryIndex  # noqa: E402
@@ -75,11 +75,40 @@ class MemoryMachine(RuleBasedStateMachine):
         self.model.add(cid, s, DATES[d], SUMMARIES[u], KEYWORDS[k])
         self.compacted = False
 
-    @rule(cid=st.sampled_from(CONVERSATIONS), p=st.integers(0, len(POOL) - 1),
-          d=st.integers(0, len(DATES) - 1), u=st.integers(0, len(SUMMARIES) - 1),
-          k=st.integers(0, len(KEYWORDS) - 1))
-    def add(self, cid, p, d, u, k):
-        self._add(cid, p, d, u, k)
+    _ADD = st.tuples(st.sampled_from(CONVERSATIONS), st.integers(0, len(POOL) - 1),
+                     st.integers(0, len(DATES) - 1), st.integers(0, len(SUMMARIES) - 1),
+                     st.integers(0, len(KEYWORDS) - 1))
+
+    @initialize(adds=st.lists(_ADD, min_size=3, max_size=8), shared=st.integers(0, 2))
+    def start(self, adds, shared):
+        """A few sessions in each conversation, some of them shared."""
+        for a in adds:
+            self._add(*a)
+        for cid in CONVERSATIONS[:shared + 1]:
+            self.add_shared(cid, len(adds))
+
+    @rule(add=_ADD)
+    def add(self, add):
+        self._add(*add)
+
+    @rule(add=_ADD)
+    def add_another(self, add):  # adds twice as likely as any other step
+        self._add(*add)
+
+    @rule(cid=st.sampled_from(CONVERSATIONS), j=st.integers(0, 31))
+    def add_shared(self, cid, j):
+        """Add what another conversation holds: the same session with the same texts
+        (one slot for both, as in a LongMemEval haystack)."""
+        held = [e for c, es in sorted(self.model.convs.items()) if c != cid for e in es]
+        if not held:
+            return
+        e = held[j % len(held)]
+        if self.model.has(cid, e.session.id):
+            return
+        self.mem.add_session(cid, e.session, summary=e.summary, keywords=e.keywords,
+                             encoder=self.enc)
+        self.model.add(cid, e.session, e.date, e.summary, e.keywords)
+        self.compacted = False
 
     @rule(cid=st.sampled_from(CONVERSATIONS), i=st.integers(0, 7))
     def remove(self, cid, i):
@@ -169,7 +198,7 @@ class MemoryMachine(RuleBasedStateMachine):
 
 # the default run does not shrink a failure (minutes on this model): the unshrunk steps
 # are printed; the long run shrinks
-_QUICK = settings(max_examples=6, stateful_step_count=18, deadline=None, derandomize=True,
+_QUICK = settings(max_examples=8, stateful_step_count=16, deadline=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), print_blob=True, database=None,
                   phases=[Phase.explicit, Phase.generate])
 _LONG = settings(max_examples=80, stateful_step_count=40, deadline=None,
