@@ -183,6 +183,50 @@ def test_role_and_time_factors():
         float(with_f.scores[1, 3] - without.scores[1, 3])
 
 
+class _SameQuestionEncoder(FakeEncoder):
+    """FakeEncoder, but every question of :func:`test_time_factor_only_for_temporal_questions`
+    gets one embedding: the questions then differ in their wording only."""
+
+    QUESTIONS = ("When was the hiking trip?", "Where was the hiking trip?",
+                 "How long was the hiking trip?")
+
+    def encode(self, texts, progress=None):
+        return super().encode(["the hiking trip" if t in self.QUESTIONS else t
+                               for t in texts], progress)
+
+
+def test_time_factor_only_for_temporal_questions():
+    """docs/gam.md: s_i = ... + ln(beta_time)·[temporal question ∧ time anchor] + ...
+    With one embedding for three questions and no BM25 (alpha=0), relevance, topics and
+    the other factors are the same for all three; so the temporal questions ("When ...",
+    "How long ...") score each time-anchored event exactly ln(beta_time) above the
+    non-temporal one ("Where ..."), and the other events the same; against the scores
+    without the factors (mfr=False), the non-temporal question gains only ln(beta_conf)
+    (every event is in the one anchor topic, reach 1) on every event."""
+    msgs = ["[ann]: we went hiking in the hills",      # no time anchor
+            "[bob]: the hiking trip was yesterday",     # "yesterday"
+            "[ann]: hiking in the rain was fun",        # no time anchor
+            "[bob]: we hiked there on saturday"]       # "saturday"
+    anchored = [0.0, 1.0, 0.0, 1.0]
+    qs = [Question(f"q{i}", t) for i, t in enumerate(_SameQuestionEncoder.QUESTIONS)]
+    beta_time, beta_conf = 3.0, 1.5
+    idx = GamIndex.build(_ds([msgs], qs), _SameQuestionEncoder(),
+                         GamParams(segmentation="session", alpha=0.0, beta_time=beta_time,
+                                   beta_conf=beta_conf))
+    assert idx.events.time_anchor.tolist() == [bool(a) for a in anchored]
+    s = idx.retrieve().scores.double()
+    off = idx.retrieve(params=idx.params.with_(mfr=False)).scores.double()
+    assert bool(torch.isfinite(s).all())
+    bonus = torch.tensor(anchored, dtype=torch.float64) * math.log(beta_time)
+    for temporal in (0, 2):  # "When ...", "How long ..."
+        torch.testing.assert_close(s[temporal] - s[1], bonus, rtol=0, atol=1e-8)
+        torch.testing.assert_close(s[temporal] - off[temporal],  # reach is float32
+                                   bonus + math.log(beta_conf), rtol=0, atol=1e-6)
+    torch.testing.assert_close(s[1] - off[1], torch.full((4,), math.log(beta_conf),
+                                                         dtype=torch.float64),
+                               rtol=0, atol=1e-6)
+
+
 def test_offline_summaries_only_equal_expand(locomo_list_path):
     import memgas_gpu as mg
     from memgas_gpu.expand.offline import OfflineExtractor

@@ -96,6 +96,76 @@ def test_a_tensor_file_that_reads_back_short_is_never_made_current(tmp_path, sma
     load_index(dst)
 
 
+def _save_changed_under(tmp_path, small, monkeypatch, damage):
+    """Copy the small index, then save it with one session more while ``damage`` is
+    patched in; returns (folder, error, pointer before, sessions before, entries before)."""
+    _, path = small
+    dst = tmp_path / "idx"
+    shutil.copytree(path, dst)
+    pointer = (dst / "manifest.json").read_bytes()
+    sessions = load_index(dst).conversations[0].session_ids
+    entries = sorted(p.name for p in dst.iterdir())
+    idx = load_index(dst)
+    idx.add_session("conv-30", _new_session("added"))
+    damage()
+    with pytest.raises(IndexFormatError) as e:
+        save_index(idx, dst)
+    monkeypatch.undo()
+    return dst, e.value, pointer, sessions, entries
+
+
+def _assert_previous_kept(dst, err, pointer, sessions, entries, what):
+    assert "reads back differently than written" in str(err), err
+    assert what in str(err) and "not made current" in str(err) and "\n" not in str(err)
+    assert (dst / "manifest.json").read_bytes() == pointer  # the pointer did not move
+    again = load_index(dst)
+    assert again.conversations[0].session_ids == sessions and "added" not in sessions
+    assert sorted(p.name for p in dst.iterdir()) == entries  # no new version, no .tmp-
+
+
+@pytest.mark.parametrize("fault", ["short", "flipped"])
+def test_a_manifest_that_reads_back_differently_is_never_made_current(tmp_path, small,
+                                                                      monkeypatch, fault):
+    """The new version's manifest.json is written short (its last 10 bytes lost) or with
+    one byte flipped (both still 'written' without an error): the save is refused before
+    the pointer moves, the previous version stays current and nothing is left."""
+    real = Path.write_bytes
+
+    def bad_write(self, data):
+        if self.name == "manifest.json" and self.parent.name.startswith(".tmp-"):
+            data = bytes(data)
+            data = data[:-10] if fault == "short" else \
+                data[:20] + bytes([data[20] ^ 0x01]) + data[21:]
+        return real(self, data)
+
+    got = _save_changed_under(tmp_path, small, monkeypatch,
+                              lambda: monkeypatch.setattr(Path, "write_bytes", bad_write))
+    _assert_previous_kept(*got, what="manifest.json")
+
+
+@pytest.mark.parametrize("fault", ["shape", "dtype"])
+def test_a_tensor_header_that_reads_back_differently_is_never_made_current(
+        tmp_path, small, monkeypatch, fault):
+    """A tensor file that is a valid safetensors file but holds one tensor with another
+    shape (one row less) or dtype (float16 for float32) than the index's: refused before
+    the pointer moves, the previous version stays current and nothing is left."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def bad_save(tensors, filename, metadata=None):
+        name = "gran"
+        assert tensors[name].dtype == torch.float32 and tensors[name].shape[0] > 1
+        t = tensors[name]
+        tensors = {**tensors, name: t[:-1].contiguous() if fault == "shape" else t.half()}
+        real(tensors, filename, metadata=metadata)
+
+    got = _save_changed_under(tmp_path, small, monkeypatch,
+                              lambda: monkeypatch.setattr(safetensors.torch, "save_file",
+                                                          bad_save))
+    _assert_previous_kept(*got, what="tensor 'gran'")
+
+
 # ---- item 3: optimistic concurrency between processes -----------------------------------
 _ADD_AND_SAVE = """
 import sys

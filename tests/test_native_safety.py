@@ -397,3 +397,161 @@ def test_gmm1d_self_check_tolerates_one_boundary_point_only(stand_in, flips, pas
         with pytest.warns(RuntimeWarning, match="kernel 'gmm1d' failed"):
             state = backend("cpu", detail=True)["kernels"]["gmm1d"]
         assert state.startswith("failed: self-check: m=30")
+
+
+# ------------------------------------------------------------ MEMGAS_BACKEND ----------
+# docs/native.md: MEMGAS_BACKEND=torch (or native) replaces "auto"; backend="native" and
+# MEMGAS_BACKEND=native never fall back; an unknown value is an error naming the variable.
+class _NoKernels:
+    """An extension whose every kernel fails the test when it is called."""
+
+    has_cuda = False
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def kernel(*args, **kwargs):
+            self.calls.append(name)
+            raise AssertionError(f"native kernel {name} called")
+        return kernel
+
+
+class _Counting:
+    """The real extension, counting the calls of each kernel."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def __getattr__(self, name):
+        real = getattr(REAL_C, name)
+        if not name.endswith(("_cpu", "_cuda")):
+            return real
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+        return counted
+
+
+def _ops_inputs():
+    indptr, indices, _, reset = _graph(n=200, per=50)
+    E, s, _ = conversation(24, d=16, seed=4)
+    return torch.from_numpy(gmm_rows(40, seed=2)), (indptr, indices, reset), (E, s)
+
+
+def _run_ops(backend=None):
+    """gmm1d, ppr and graph ops with the default backend ("auto"), or ``backend``."""
+    kw = {} if backend is None else {"backend": backend}
+    x, (indptr, indices, reset), (E, s) = _ops_inputs()
+    return (gmm1d_accept(x, **kw), personalized_pagerank(indptr, indices, reset, **kw),
+            association_edges(E, s, m=8, skip_sessions=1, **kw))
+
+
+def test_memgas_backend_native_without_the_extension_raises(stand_in, monkeypatch):
+    """No extension (or none for the device): each op raises ImportError with the build
+    command instead of running its torch op; without the variable they fall back."""
+    monkeypatch.setenv("MEMGAS_BACKEND", "native")
+    stand_in(None)
+    x, (indptr, indices, reset), (E, s) = _ops_inputs()
+    for call in (lambda: gmm1d_accept(x),
+                 lambda: personalized_pagerank(indptr, indices, reset),
+                 lambda: association_edges(E, s, m=8, skip_sessions=1)):
+        with pytest.raises(ImportError, match="MEMGAS_BUILD_NATIVE=1 pip install -e"):
+            call()
+    # an extension without CUDA kernels, asked for a CUDA device
+    stand_in(_NoKernels())
+    with pytest.raises(ImportError, match="built without CUDA kernels"):
+        _native.resolve("ppr", "cuda")
+    monkeypatch.delenv("MEMGAS_BACKEND")
+    stand_in(None)
+    torch_ops = _run_ops("torch")
+    for got, want in zip(_run_ops(), torch_ops):
+        assert torch.equal(got, want)
+
+
+def test_memgas_backend_torch_never_calls_a_kernel(stand_in, monkeypatch):
+    """MEMGAS_BACKEND=torch rules the extension out: an extension whose kernels fail when
+    called is never reached, and the ops give the torch op's results."""
+    want = _run_ops("torch")
+    fake = _NoKernels()
+    stand_in(fake)
+    with pytest.raises(AssertionError, match="native kernel gmm1d_cpu called"):
+        _run_ops()  # the stand-in is what "auto" would run
+    fake.calls.clear()
+    monkeypatch.setenv("MEMGAS_BACKEND", "torch")
+    stand_in(fake)
+    for got, ref in zip(_run_ops(), want):
+        assert torch.equal(got, ref)
+    assert fake.calls == []
+    assert backend("cpu") == "torch"
+
+
+@pytest.mark.parametrize("value", ["fast", "cuda", "nativ"])
+def test_an_unknown_memgas_backend_is_an_error_naming_it(stand_in, monkeypatch, value):
+    monkeypatch.setenv("MEMGAS_BACKEND", value)
+    stand_in(_NoKernels())
+    with pytest.raises(ValueError, match=f"MEMGAS_BACKEND .*{value!r}"):
+        gmm1d_accept(torch.rand(3, 6))
+
+
+@native
+def test_memgas_backend_native_runs_the_kernels(stand_in, monkeypatch):
+    """With the extension built, MEMGAS_BACKEND=native runs each op's kernel (counted),
+    whose results are the torch op's."""
+    want = _run_ops("torch")
+    monkeypatch.setenv("MEMGAS_BACKEND", "native")
+    fake = _Counting()
+    stand_in(fake)
+    masks, p, edges = _run_ops()
+    assert torch.equal(masks, want[0])
+    assert (p - want[1]).abs().max() <= 1e-12
+    assert set(map(tuple, edges.T.tolist())) == set(map(tuple, want[2].T.tolist()))
+    assert fake.calls.get("gmm1d_cpu", 0) >= 1 and fake.calls.get("ppr_cpu", 0) == 1
+    assert fake.calls.get("graph_topm_cpu", 0) >= 1
+
+
+@native
+def test_memgas_backend_native_never_falls_back(stand_in, monkeypatch):
+    """Where "auto" would quietly run the torch op, MEMGAS_BACKEND=native does not: a
+    kernel that cannot launch raises (no warning), a kernel the self-check would reject
+    or one recorded as failed still runs, arguments the kernel does not cover raise."""
+    indptr, indices, _, reset = _graph(n=200, per=50)
+    ref = personalized_pagerank(indptr, indices, reset, backend="torch")
+    monkeypatch.setenv("MEMGAS_BACKEND", "native")
+    stand_in(_StandIn(raise_ppr=REAL_C.CudaUnavailable(
+        "ppr_cuda: step launch: cudaErrorNoKernelImageForDevice")), check_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="NoKernelImage"):
+            personalized_pagerank(indptr, indices, reset)
+    # a wrong kernel: the self-check would send "auto" to the torch op, native runs it
+    wrong = _StandIn(corrupt_ppr=True)
+    stand_in(wrong, check_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = personalized_pagerank(indptr, indices, reset)
+    assert wrong.ppr_calls == 1 and 0 < float((got - ref).abs().max()) < 2e-6
+    # a kernel recorded as failed on this device: "auto" runs torch, native the kernel
+    fake = _StandIn()
+    stand_in(fake, check_cpu=True)
+    _native.disable("ppr", "cpu", "recorded by the test", warn=False)
+    personalized_pagerank(indptr, indices, reset)
+    assert fake.ppr_calls == 1
+    monkeypatch.delenv("MEMGAS_BACKEND")
+    stand_in(fake, check_cpu=True)
+    _native.disable("ppr", "cpu", "recorded by the test", warn=False)
+    assert torch.equal(personalized_pagerank(indptr, indices, reset), ref)
+    assert fake.ppr_calls == 1
+    # arguments the kernels do not cover: "auto" runs torch, native raises
+    x = torch.randn(4, 129)
+    assert torch.equal(gmm1d_accept(x), gmm1d_accept(x, backend="torch"))
+    monkeypatch.setenv("MEMGAS_BACKEND", "native")
+    stand_in(_StandIn())
+    with pytest.raises(ValueError, match="m <= 128"):
+        gmm1d_accept(x)
+    with pytest.raises(ValueError, match="computes in float64"):
+        personalized_pagerank(indptr, indices, reset, dtype=torch.float32)

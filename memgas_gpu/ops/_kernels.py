@@ -57,15 +57,16 @@ def dispatch(op: str, device: torch.device, backend: str, native: Callable[[], T
         native: runs the kernel (through a wrapper of this module).
         fallback: runs the torch op.
         covered: whether the kernel covers these arguments.
-        uncovered: why not, when ``covered`` is False: ``backend="native"`` then raises
-            ValueError with it; None runs the torch op silently.
+        uncovered: why not, when ``covered`` is False: ``backend="native"`` (or
+            ``MEMGAS_BACKEND=native``) then raises ValueError with it; None runs the
+            torch op silently.
     """
     if not covered and uncovered is None:  # no kernel for these arguments: not an error
         return fallback()
     if _native.resolve(op, device, backend) != "native":
         return fallback()
     if not covered:
-        if uncovered is not None and backend == "native":
+        if uncovered is not None and not _native.may_fall_back(backend):  # env too
             raise ValueError(f"the native {op} kernel {uncovered}")
         return fallback()
     try:
