@@ -5,6 +5,7 @@ import json
 
 import click
 
+from .._display import safe_json, safe_text
 from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, parse_settings,
                       quiet_option)
 from .eval import METHODS
@@ -40,19 +41,19 @@ def search(index_dir, queries, conversation, k, method, evidence, set_specs, que
     idx = MemoryIndex.load(index_dir)
     if conversation not in {c.id for c in idx.conversations}:
         ids = [c.id for c in idx.conversations]
-        shown = ", ".join(ids[:8]) + (", …" if len(ids) > 8 else "")
+        shown = ", ".join(map(safe_text, ids[:8])) + (", …" if len(ids) > 8 else "")
         raise click.BadParameter(f"no conversation {conversation!r} in {index_dir} (it has "
                                  f"{len(ids)}: {shown})", param_hint="--conversation")
     results = idx.search(conversation, list(queries), k=k, method=method, evidence=evidence,
                          device=device, question_date=question_date, **settings)
     for q, r in zip(queries, results):
         if as_json:
-            click.echo(json.dumps({"query": q, **r.to_dict()}, ensure_ascii=False,
-                                  allow_nan=False))
+            click.echo(safe_json(json.dumps({"query": q, **r.to_dict()},
+                                            ensure_ascii=False, allow_nan=False)))
             continue
-        click.echo(f"? {q}")
+        click.echo(f"? {safe_text(q)}")
         for rank, (sid, sc, ev) in enumerate(zip(r.session_ids, r.scores, r.evidence), 1):
-            click.echo(f"  {rank}. {sid}  {sc:.4f}")
+            click.echo(f"  {rank}. {safe_text(sid)}  {sc:.4f}")
             for t, text, s in ev:
                 one = " ".join((text or "").split())
-                click.echo(f"       turn {t} ({s:.3f}): {one[:160]}")
+                click.echo(f"       turn {t} ({s:.3f}): {safe_text(one[:160])}")

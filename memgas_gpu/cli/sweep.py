@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from .._display import safe_text
 from .._io import atomic_write, nan_to_null
 from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_file,
                       check_runtime, dataset_options, info, load, parse_ks)
@@ -162,6 +163,7 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
         if len(per) > MAX_LOO_LINES:
             click.echo(f"  ({len(per)} conversations: per-conversation results in the JSON)")
         for c, v in per.items() if len(per) <= MAX_LOO_LINES else ():
+            c = safe_text(c)  # a conversation id: data
             click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
                        f"{100 * v['train']:.2f}) with {v['settings']}" if picks else
                        f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")

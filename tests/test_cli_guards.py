@@ -1,0 +1,126 @@
+"""What the command line prints and refuses: ids from a hostile index shown safely, an
+encoder path that is not a model, unbounded synthetic sizes, option values and output
+folders checked before any work; each refusal is one line naming what is wrong."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from _hostile import one_line_error, run_cli
+
+# what a terminal acts on: C0 controls (bar newline, which ends lines), DEL, C1,
+# bidi controls, line/paragraph separators
+RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                 "\u2066-\u2069\u2028\u2029]")
+
+CONV_IDS = ["ok-\x1b[2Jcleared", "bad\nfake-conv        7          0", "日本語-ok\u202e"]
+SESSION_IDS = [["s\x1b]0;title\x07", "s2\nforged 99 99"], ["a\u202eb", "café\x9b"], ["x\x7f"]]
+
+
+@pytest.fixture(scope="module")
+def hostile_ids_index(tmp_path_factory):
+    """An index whose conversation and session ids hold escape sequences, newlines,
+    C1 controls, DEL and bidi overrides (a turn text holds colour codes)."""
+    from memgas_gpu import Dataset
+    from memgas_gpu.data.model import Conversation, Question, Session
+    from memgas_gpu.encode import Encoder
+    from memgas_gpu.encode.tiny import make_random_bert
+    from memgas_gpu.retrieve import MemoryIndex
+
+    root = tmp_path_factory.mktemp("hostile_ids")
+    enc = Encoder(make_random_bert(str(root / "bert")), device="cpu", max_length=32)
+    convs = []
+    for cid, sids in zip(CONV_IDS, SESSION_IDS):
+        sessions = [Session.from_messages(sid, f"2023-01-0{i + 1}", [
+            {"role": "user", "content": f"hello {i} about cats"},
+            {"role": "assistant", "content": "ok \x1b[31mred\x1b[0m"}])
+            for i, sid in enumerate(sids)]
+        qs = [Question(f"q-{len(convs)}", "cats?", evidence_session_ids=(sids[-1],))]
+        convs.append(Conversation(cid, sessions, qs))
+    idx = MemoryIndex.build(Dataset(convs), enc, device="cpu", progress=False, m=2,
+                            skip_sessions=0)
+    idx.save(root / "idx")
+    return root / "idx"
+
+
+def _shown(text: str) -> str:
+    """The oracle: how repr writes a string, without its quotes."""
+    return repr(text)[1:-1]
+
+
+def test_stats_shows_hostile_ids_escaped_one_row_each(hostile_ids_index):
+    res = run_cli("stats", hostile_ids_index)
+    assert res.returncode == 0, res.stderr
+    assert not RAW.search(res.stdout) and not RAW.search(res.stderr), res.stdout
+    lines = res.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("conversation id"))
+    rows = lines[head + 1:]
+    assert len(rows) == len(CONV_IDS)  # no forged row
+    for row, cid, sids in zip(rows, CONV_IDS, SESSION_IDS):
+        assert row.startswith(_shown(cid))
+        assert row[len(_shown(cid)):].split() == [str(len(sids)), "1"]
+    assert "日本語-ok" in res.stdout  # ordinary Unicode stays readable
+    # --json: the same ids after parsing, nothing raw in the text
+    res = run_cli("stats", "--json", hostile_ids_index)
+    assert res.returncode == 0, res.stderr
+    assert not RAW.search(res.stdout) and "日本語" in res.stdout
+    assert json.loads(res.stdout)["conversation_ids"] == CONV_IDS
+
+
+def test_search_shows_hostile_session_ids_and_texts_escaped(hostile_ids_index):
+    res = run_cli("search", hostile_ids_index, "--conversation", CONV_IDS[0], "cats",
+                  "--k", "2", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert not RAW.search(res.stdout) and not RAW.search(res.stderr), res.stdout
+    ranked = [ln.split(". ", 1)[1].rsplit("  ", 1)[0] for ln in res.stdout.splitlines()
+              if re.match(r"  \d\. ", ln)]
+    assert sorted(ranked) == sorted(map(_shown, SESSION_IDS[0]))
+    assert "\\x1b[31mred" in res.stdout
+    res = run_cli("search", hostile_ids_index, "--conversation", CONV_IDS[0], "cats",
+                  "--json", "--device", "cpu")
+    assert res.returncode == 0 and not RAW.search(res.stdout)
+    assert sorted(json.loads(res.stdout)["session_ids"]) == sorted(SESSION_IDS[0])
+
+
+def test_errors_naming_hostile_ids_are_one_safe_line(hostile_ids_index):
+    line = one_line_error(run_cli("search", hostile_ids_index, "--conversation", "nope",
+                                  "cats", "--device", "cpu"))
+    assert not RAW.search(line)
+    for cid in CONV_IDS:  # (an error line collapses runs of spaces)
+        assert " ".join(_shown(cid).split()) in line
+    from memgas_gpu.cli.main import _one_line
+    from memgas_gpu.errors import MemgasError
+
+    assert _one_line(MemgasError("session 'a\x1b]0;x\x07\u202eb' is bad")) == \
+        "error: session 'a\\x1b]0;x\\x07\\u202eb' is bad"
+
+
+def test_safe_text_escapes_what_a_terminal_acts_on_and_keeps_the_rest():
+    import unicodedata
+
+    from memgas_gpu._display import safe_json, safe_text
+
+    bidi = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+    for o in range(0x3100):
+        c = chr(o)
+        unsafe = unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs") or c in bidi
+        assert safe_text(c) == (repr(c)[1:-1] if unsafe else c), hex(o)
+        assert safe_text(f"a{c}b").count("\n") == 0
+        doc = json.dumps({"id": f"a{c}b"}, ensure_ascii=False, indent=1)
+        assert json.loads(safe_json(doc)) == {"id": f"a{c}b"}
+        assert not RAW.search(safe_json(doc).replace("\n", ""))
+
+
+def test_eval_table_shows_a_hostile_question_type_on_one_row():
+    from types import SimpleNamespace
+
+    from memgas_gpu.eval import format_table
+
+    s = {"n": 1, "recall_all@5": 1.0, "ndcg_any@5": 1.0}
+    ev = SimpleNamespace(ks=(5,), summary={"all": s, "strict": s, "by_type": {
+        "multi\nfake 1 2 3": s, "\x1b]0;t\x07x": s}})
+    table = format_table(ev, ks=(5,))
+    assert not RAW.search(table) and len(table.splitlines()) == 2 + 1 + 2 + 1
+    assert "multi\\nfake 1 2 3" in table and "\\x1b]0;t\\x07x" in table
