@@ -124,3 +124,48 @@ def test_eval_table_shows_a_hostile_question_type_on_one_row():
     table = format_table(ev, ks=(5,))
     assert not RAW.search(table) and len(table.splitlines()) == 2 + 1 + 2 + 1
     assert "multi\\nfake 1 2 3" in table and "\\x1b]0;t\\x07x" in table
+
+
+# ---------------------------------------------------------------- --encoder not a model
+@pytest.mark.parametrize("command, kind, missing", [
+    ("index", "etc", "no config.json"),
+    ("gam", "file", "is a file"),
+    ("eval", "no_weights", "no model weights"),
+    ("index", "nowhere", "no such folder"),
+])
+def test_an_encoder_that_is_not_a_model_is_one_line_naming_it(tmp_path, command, kind,
+                                                               missing):
+    data = tmp_path / "d.json"
+    data.write_text("[]")
+    (tmp_path / "no_weights").mkdir()
+    (tmp_path / "no_weights" / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "file").write_text("not a model")
+    path = {"etc": "/etc", "file": str(tmp_path / "file"),
+            "no_weights": str(tmp_path / "no_weights"),
+            "nowhere": str(tmp_path / "nowhere")}[kind]
+    args = [command, data, "--encoder", path, "--device", "cpu"]
+    if command == "index":
+        args += ["--out", tmp_path / "idx"]
+    line = one_line_error(run_cli(*args))
+    assert "--encoder" in line and repr(path) in line and missing in line, line
+    assert not (tmp_path / "idx").exists()
+
+
+def test_opening_a_folder_that_is_not_a_model_raises_encoder_load_error(tmp_path):
+    import shutil
+
+    from memgas_gpu.encode import Encoder, EncoderLoadError
+    from memgas_gpu.encode.tiny import make_random_bert
+    from memgas_gpu.errors import MemgasError
+
+    for path, why in (("/etc", "no config.json"), ("/etc/hostname", "is a file")):
+        with pytest.raises(EncoderLoadError, match=re.escape(f"'{path}': ") + ".*" + why):
+            Encoder(path, device="cpu")
+    # a model folder whose config is not JSON: transformers' own error, in one line
+    bad = tmp_path / "bad"
+    shutil.copytree(make_random_bert(str(tmp_path / "bert")), bad)
+    (bad / "config.json").write_text("{ not json")
+    with pytest.raises(MemgasError, match=r"'.*bad': cannot be opened as a model: \S") as e:
+        Encoder(str(bad), device="cpu")
+    assert isinstance(e.value, EncoderLoadError) and "\n" not in str(e.value)
+    Encoder(str(tmp_path / "bert"), device="cpu")  # the intact folder opens

@@ -209,6 +209,21 @@ def clean_queries(queries) -> list:
     return out
 
 
+def check_encoder(ctx, param, value):
+    """``--encoder`` checked when the command line is read: a folder without
+    ``config.json`` or weights, a file, or a name that is neither a folder nor a Hugging
+    Face model id is one usage line naming it (a few file checks, no model loaded)."""
+    if value is None:
+        return None
+    from ..encode.encoder import EncoderLoadError, check_model_source
+
+    try:
+        check_model_source(value)
+    except EncoderLoadError as e:
+        raise click.BadParameter(str(e).removeprefix("encoder "), param=param) from None
+    return value
+
+
 def _id_list(ctx, param, value):
     if value is None:
         return None
@@ -252,7 +267,7 @@ def dataset_options(f):
 
 
 def build_options(f):
-    @click.option("--encoder", default=None, metavar="MODEL",
+    @click.option("--encoder", default=None, metavar="MODEL", callback=check_encoder,
                   help="Hugging Face encoder name or local folder "
                        "[default: bundled all-MiniLM-L6-v2, offline].")
     @click.option("--pooling", type=click.Choice(("mean", "cls")), default="mean",
