@@ -169,3 +169,68 @@ def test_opening_a_folder_that_is_not_a_model_raises_encoder_load_error(tmp_path
         Encoder(str(bad), device="cpu")
     assert isinstance(e.value, EncoderLoadError) and "\n" not in str(e.value)
     Encoder(str(tmp_path / "bert"), device="cpu")  # the intact folder opens
+
+
+# ---------------------------------------------------------------- memgas synth sizes
+SMALL = {"questions": 2, "sessions": 4, "turns": 2, "words": 3}
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"questions": 100_001}, "questions"), ({"sessions": 10_001}, "sessions"),
+    ({"turns": 1_001}, "turns"), ({"words": 10_001}, "words"),
+    ({"pool": 1_000_001}, "pool"), ({"distinct_sessions": 1_000_001}, "distinct_sessions"),
+    ({"questions": 100_000, "sessions": 10_000, "turns": 2, "words": 6}, "size"),
+    ({"pool": 1_000_000, "turns": 10, "words": 21}, "pool_size"),
+    ({"sessions": 10_000, "turns": 1_000, "words": 11}, "pool_size"),  # default pool
+])
+def test_synthetic_sizes_above_the_bounds_are_refused(change, param):
+    from memgas_gpu.synth import (LIMITS, MAX_POOL_WORDS, MAX_TOTAL_WORDS, SynthParamError,
+                                  validate_params)
+
+    shape = {**SMALL, **{k: v for k, v in change.items() if k in SMALL}}
+    extra = {k: v for k, v in change.items() if k not in SMALL}
+    with pytest.raises(SynthParamError) as e:
+        validate_params(**shape, pool=extra.get("pool"), abstention_rate=0.0,
+                        distinct_sessions=extra.get("distinct_sessions"))
+    assert e.value.param == param
+    total = shape["questions"] * shape["sessions"] * shape["turns"] * shape["words"]
+    pool = extra.get("pool", 2 * shape["sessions"])
+    # the oracle: which bound the sizes cross, computed here
+    if param in LIMITS or param == "distinct_sessions":
+        assert f"{LIMITS.get(param, LIMITS['pool']):,}" in e.value.message
+    elif param == "size":
+        assert total > MAX_TOTAL_WORDS and f"{total:,}" in e.value.message
+    else:
+        assert pool * shape["turns"] * shape["words"] > MAX_POOL_WORDS
+
+
+def test_synthetic_sizes_at_the_bounds_are_accepted():
+    from memgas_gpu.synth import LIMITS, MAX_POOL_WORDS, MAX_TOTAL_WORDS, validate_params
+
+    for name, top in LIMITS.items():
+        shape = dict(SMALL, **({name: top} if name in SMALL else {}))
+        validate_params(**shape, pool=top if name == "pool" else None, abstention_rate=0.0)
+    # exactly the most words in a file, and in the pool
+    validate_params(questions=100_000, sessions=10_000, turns=2, words=5, pool=None,
+                    abstention_rate=0.0)
+    assert 100_000 * 10_000 * 2 * 5 == MAX_TOTAL_WORDS
+    validate_params(questions=1, sessions=4, turns=10, words=20, pool=1_000_000,
+                    abstention_rate=0.0)
+    assert 1_000_000 * 10 * 20 == MAX_POOL_WORDS
+
+
+def test_synth_refuses_a_billion_words_per_message_at_once(tmp_path):
+    from memgas_gpu.synth import LIMITS, MAX_POOL_WORDS, MAX_TOTAL_WORDS
+
+    out = tmp_path / "s.json"
+    line = one_line_error(run_cli("synth", "--out", out, "--words", "1000000000",
+                                  timeout=60))
+    assert "--words" in line and f"{LIMITS['words']:,}" in line
+    line = one_line_error(run_cli("synth", "--out", out, "--questions", "100000",
+                                  "--sessions", "10000", timeout=60))
+    assert "--questions" in line and f"{MAX_TOTAL_WORDS:,}" in line
+    assert not out.exists()
+    res = run_cli("synth", "--help")
+    for text in (f"{MAX_TOTAL_WORDS:,}", f"{MAX_POOL_WORDS:,}", *(f"{v:,}" for v in
+                                                                 LIMITS.values())):
+        assert text in " ".join(res.stdout.split()), text
