@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .._checks import resolve_device
 from ..errors import MemgasError
 from ..progress import Progress, is_enabled
 from .batching import TextTokenizer, Tokenized, pad_rows, plan_batches
@@ -209,6 +210,7 @@ class Encoder:
         if not (isinstance(normalize, bool) or normalize == "auto"):
             raise ValueError(f"normalize must be True, False or 'auto', got {normalize!r}")
         check_model_source(model)
+        dev = resolve_device(device)  # before the model is loaded
         self.source = bundled_model_path() if model is None else os.fspath(model)
         local = self._local = os.path.isdir(self.source)
         with hf_progress_bars(_progress_enabled(None)):
@@ -229,10 +231,7 @@ class Encoder:
                 raise EncoderLoadError(f"encoder {self.source!r}: cannot be opened as a "
                                        f"model{where}: {why}") from e
         self.model_dir = self.source if local else self._cached_dir(self.source)
-        dev = "auto" if device is None else str(device)
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(dev)
+        self.device = dev
         self.dtype = _resolve_dtype(dtype, self.device)
         self.model = self.model.float().to(self.device).eval()
         self.pooling = pooling
