@@ -234,3 +234,74 @@ def test_synth_refuses_a_billion_words_per_message_at_once(tmp_path):
     for text in (f"{MAX_TOTAL_WORDS:,}", f"{MAX_POOL_WORDS:,}", *(f"{v:,}" for v in
                                                                  LIMITS.values())):
         assert text in " ".join(res.stdout.split()), text
+
+
+# ---------------------------------------------------------------- options read up front
+def _invoke(args):
+    """One CLI run in this process: (exit code, its one output line)."""
+    from click.testing import CliRunner
+
+    from memgas_gpu.cli.main import cli
+
+    res = CliRunner().invoke(cli, [str(a) for a in args])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert "Traceback" not in res.output and len(lines) == 1, res.output
+    return res.exit_code, lines[0]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["eval", "BAD", "--k", "0"], "'--k'"),
+    (["eval", "BAD", "--k", "1,x"], "'--k'"),
+    (["sweep", "BAD", "--k", "0,3"], "'--k'"),
+    (["eval", "BAD", "--signals", "dense_S+nope"], "--signals"),
+    (["eval", "BAD", "--set", "time_beta=-1"], "--set"),
+    (["eval", "BAD", "--method", "bm25", "--set", "fusion=bogus"], "--set"),
+    (["search", "EMPTY", "--conversation", "c", "--set", "fusion=x", "q"], "--set"),
+    (["eval", "BAD", "--method", "gam", "--segmentation", "tokens0"], "'--segmentation'"),
+])
+def test_option_values_are_refused_before_the_data_is_read(tmp_path, args, option):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"question_id": ')  # reading it would be an error about the file
+    (tmp_path / "empty").mkdir()
+    code, line = _invoke([{"BAD": bad, "EMPTY": tmp_path / "empty"}.get(a, a)
+                          for a in args] + ["--device", "cpu"])
+    assert code == 2 and f"Invalid value for {option}" in line, line
+    assert "bad.json" not in line and "manifest" not in line
+
+
+@pytest.mark.parametrize("args, option", [
+    (["index", "DATA", "--out", "MISSING/idx"], "--out"),
+    (["eval", "DATA", "--out", "MISSING/r.jsonl"], "--out"),
+    (["eval", "DATA", "--save-index", "MISSING/idx"], "--save-index"),
+    (["synth", "--out", "MISSING/s.json"], "--out"),
+    (["gam", "DATA", "--out", "MISSING/g.json"], "--out"),
+    (["sweep", "DATA", "--out", "MISSING/s"], "--out"),
+    (["bench", "--out", "MISSING/b"], "--out"),
+    (["expand", "DATA", "--llm-model", "m", "--out", "MISSING/prefix"], "--out"),
+    (["expand", "DATA", "--llm-model", "m", "--out", "MISSING/new/"], "--out"),
+    (["answer", "DATA", "--retrieval", "DATA", "--llm-model", "m", "--out",
+      "MISSING/a.jsonl"], "--out"),
+    (["qa-eval", "DATA", "DATA", "--out", "MISSING/q.json"], "--out"),
+])
+def test_an_output_in_a_folder_that_does_not_exist_is_refused(tmp_path, args, option):
+    data = tmp_path / "d.json"
+    data.write_text("[]")
+    missing = tmp_path / "missing" / "dir"
+    code, line = _invoke([str(a).replace("MISSING", str(missing)).replace("DATA", str(data))
+                          for a in args])
+    assert code == 2 and f"Invalid value for {option}" in line, line
+    assert f"the folder {missing} does not exist" in line
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_store_folder_is_still_made_with_its_parents(tmp_path):
+    import click
+
+    from memgas_gpu.cli._common import check_out_dir, check_out_file
+
+    check_out_dir(tmp_path / "a" / "b" / "store", "--store", parents=True)
+    check_out_dir(tmp_path / "new_index")  # a new folder in an existing one
+    check_out_file(tmp_path / "x.json")
+    with pytest.raises(click.BadParameter, match="does not exist"):
+        check_out_dir(tmp_path / "a" / "b" / "store", "--store")
+    assert not (tmp_path / "a").exists()

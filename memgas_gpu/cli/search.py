@@ -6,9 +6,9 @@ import json
 import click
 
 from .._display import safe_json, safe_text
-from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, parse_settings,
-                      quiet_option)
-from .eval import METHODS
+from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, quiet_option,
+                      settings_callback)
+from .eval import METHODS, check_settings
 
 
 @click.command("search")
@@ -23,7 +23,7 @@ from .eval import METHODS
 @click.option("--evidence", type=click.IntRange(0), default=2, show_default=True,
               help="Best-matching turns shown per session.")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
-              help="Any read-path setting (repeat), e.g. --set time_beta=0.")
+              callback=settings_callback, help="Any read-path setting (repeat), e.g. --set time_beta=0.")
 @click.option("--date", "question_date", default=None,
               help="When the questions are asked (anchors 'last week' for the time cue).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per question.")
@@ -36,7 +36,8 @@ def search(index_dir, queries, conversation, k, method, evidence, set_specs, que
     from ..retrieve import MemoryIndex
 
     device = check_runtime(device)
-    settings = parse_settings(set_specs)
+    settings = set_specs
+    check_settings([method], settings, settings)
     queries = clean_queries(queries)
     idx = MemoryIndex.load(index_dir)
     if conversation not in {c.id for c in idx.conversations}:
