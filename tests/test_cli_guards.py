@@ -225,7 +225,7 @@ def test_synth_refuses_a_billion_words_per_message_at_once(tmp_path):
     out = tmp_path / "s.json"
     line = one_line_error(run_cli("synth", "--out", out, "--words", "1000000000",
                                   timeout=60))
-    assert "--words" in line and f"{LIMITS['words']:,}" in line
+    assert f"'--words': must be <= {LIMITS['words']:,}, got 1,000,000,000" in line, line
     line = one_line_error(run_cli("synth", "--out", out, "--questions", "100000",
                                   "--sessions", "10000", timeout=60))
     assert "--questions" in line and f"{MAX_TOTAL_WORDS:,}" in line

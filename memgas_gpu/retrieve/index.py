@@ -350,7 +350,6 @@ class MemoryIndex:
         from .persist import save_index
 
         dtype = float_dtype(dtype)
-
         return save_index(self, path, dtype=dtype, **options)
 
     @classmethod
