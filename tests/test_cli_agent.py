@@ -133,6 +133,7 @@ def test_out_is_the_file_named_for_one_method_and_the_metrics_say_what_ran(tiny,
     _eval(idx, "--out", str(one))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "one.metrics.json"]
     several = tmp_path / "sev" / "r.jsonl"
+    several.parent.mkdir()  # --out's folder must exist (it is not made)
     _eval(idx, "--method", "memgas", "--method", "bm25", "--out", str(several))
     assert sorted(p.name for p in several.parent.iterdir()) == [
         "r.bm25.jsonl", "r.memgas.jsonl", "r.metrics.json"]

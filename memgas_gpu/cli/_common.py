@@ -138,16 +138,20 @@ def check_runtime(device: Optional[str]) -> Optional[str]:
     return device
 
 
-def _writable_folder(path: Path, option: str, shown) -> None:
-    """The nearest existing folder at or above ``path`` accepts new files (a probe
-    file is created and removed: permissions, read-only file systems, and root alike)."""
+def _writable_folder(path: Path, option: str, shown, parents: bool = False) -> None:
+    """The folder ``path`` exists and accepts new files (a probe file is created and
+    removed: permissions, read-only file systems, and root alike); with ``parents``,
+    the nearest existing folder at or above it (the missing ones will be created)."""
     import tempfile
 
     d = path
-    while not d.exists():
+    while parents and not d.exists():
         if d.parent == d:
             break
         d = d.parent
+    if not d.exists():
+        raise click.BadParameter(f"{shown}: the folder {d} does not exist (create it "
+                                 "first)", param_hint=option)
     if not d.is_dir():
         raise click.BadParameter(f"{shown}: {d} is not a folder", param_hint=option)
     try:
@@ -161,7 +165,8 @@ def _writable_folder(path: Path, option: str, shown) -> None:
 
 def check_out_file(path, option: str = "--out") -> None:
     """Refuse, before any work, an output file that could not be written (a folder, a
-    parent that is a file, a folder without write permission): one usage line."""
+    parent folder that does not exist or is a file, a folder without write
+    permission): one usage line."""
     if path is None:
         return
     p = Path(path)
@@ -173,8 +178,10 @@ def check_out_file(path, option: str = "--out") -> None:
     _writable_folder(p.parent if str(p.parent) else Path("."), option, path)
 
 
-def check_out_dir(path, option: str = "--out", index: bool = False) -> None:
-    """Refuse, before any work, an output folder that could not be written; with
+def check_out_dir(path, option: str = "--out", index: bool = False,
+                  parents: bool = False) -> None:
+    """Refuse, before any work, an output folder that could not be written (its parent
+    does not exist, unless ``parents``: a cache folder, created with its parents); with
     ``index``, also one that saving an index would refuse (a file, a folder that is
     not an index)."""
     if path is None:
@@ -189,7 +196,7 @@ def check_out_dir(path, option: str = "--out", index: bool = False) -> None:
             check_target(p)
         except (MemgasError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint=option) from None
-    _writable_folder(p, option, path)
+    _writable_folder(p if p.exists() else p.parent, option, path, parents)
 
 
 def clean_queries(queries) -> list:
@@ -207,6 +214,21 @@ def clean_queries(queries) -> list:
                        "were replaced by U+FFFD", err=True)
         out.append(fixed)
     return out
+
+
+def check_encoder(ctx, param, value):
+    """``--encoder`` checked when the command line is read: a folder without
+    ``config.json`` or weights, a file, or a name that is neither a folder nor a Hugging
+    Face model id is one usage line naming it (a few file checks, no model loaded)."""
+    if value is None:
+        return None
+    from ..encode.encoder import EncoderLoadError, check_model_source
+
+    try:
+        check_model_source(value)
+    except EncoderLoadError as e:
+        raise click.BadParameter(str(e).removeprefix("encoder "), param=param) from None
+    return value
 
 
 def _id_list(ctx, param, value):
@@ -252,7 +274,7 @@ def dataset_options(f):
 
 
 def build_options(f):
-    @click.option("--encoder", default=None, metavar="MODEL",
+    @click.option("--encoder", default=None, metavar="MODEL", callback=check_encoder,
                   help="Hugging Face encoder name or local folder "
                        "[default: bundled all-MiniLM-L6-v2, offline].")
     @click.option("--pooling", type=click.Choice(("mean", "cls")), default="mean",
@@ -351,6 +373,27 @@ def _build_index(data, dataset, *, fmt="auto", empty_sessions="error", user_only
          f"sessions, {len(ds.questions)} questions with {enc.describe()['model']} "
          f"on {enc.device}" + (f" (store {store}, {st.dtype})" if st is not None else ""))
     return MemoryIndex.build(ds, enc, p, store=st, device=device, progress=True)
+
+
+def ks_callback(ctx, param, value):
+    """``--k`` read when the command line is: :func:`parse_ks` (errors name it)."""
+    return parse_ks(value)
+
+
+def settings_callback(ctx, param, value):
+    """``--set`` read when the command line is: :func:`parse_settings`."""
+    return parse_settings(value) if value else {}
+
+
+def segmentation_callback(ctx, param, value):
+    """``--segmentation`` (GAM) checked when the command line is read."""
+    from ..gam.params import parse_segmentation  # no tensor code
+
+    try:
+        parse_segmentation(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
 
 
 def parse_ks(value: str) -> tuple:

@@ -10,8 +10,8 @@ from .. import __version__
 from .._io import atomic_write, nan_to_null
 from ..gam.presets import GAM_METHODS  # GAM and its ablations (no tensor code imported)
 from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_dir,
-                      check_out_file, check_runtime, dataset_options, info, load, parse_ks,
-                      parse_settings, ray_or_exit)
+                      check_out_file, check_runtime, dataset_options, info, ks_callback, load,
+                      ray_or_exit, segmentation_callback, settings_callback)
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks it
 # equals memgas_gpu.retrieve.METHODS
@@ -30,7 +30,7 @@ KS = (1, 3, 5, 10, 30, 50)
               help="Also report evidence-turn recall (k = 5, 10, 20) of the session methods: "
                    "the messages of the ranked sessions, in rank order (needs DATA).")
 @click.option("--segmentation", default="semantic", show_default=True,
-              help="GAM topic segmentation: semantic, tokens<N>, turns<N>, session.")
+              callback=segmentation_callback, help="GAM topic segmentation: semantic, tokens<N>, turns<N>, session.")
 @click.option("--router", type=click.Choice(("inverse", "one_minus", "uniform")), default=None,
               help="Router weights: paper's 1/H, the authors' code's 1-H, or uniform "
                    "[default: each method's preset].")
@@ -41,13 +41,14 @@ KS = (1, 3, 5, 10, 30, 50)
 @click.option("--damping", type=FiniteFloat(0, 1), default=None,
               help="Probability of following an edge [default: preset, 0.1].")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
+              callback=settings_callback,
               help="Any read-path setting (repeat), e.g. --set time_beta=0 --set fusion=ppr "
                    "(docs/algorithm.md lists them).")
 @click.option("--signals", default=None,
               help="Signals ('+'-joined names) replacing the preset's; memgas_hybrid's "
                    "default 'auto' is chosen by a rule that is printed and recorded.")
 @click.option("--k", "ks", default=",".join(map(str, KS)), show_default=True,
-              help="Metric cut-offs.")
+              callback=ks_callback, help="Metric cut-offs (comma-separated, >= 1).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="LongMemEval-style retrieval log (JSONL). One method: written to OUT "
                    "exactly; several: one log per method, OUT with the method before its "
@@ -63,12 +64,10 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     from ..eval import evaluate, format_table, write_logs
     from ..retrieve import MemoryIndex, resolve, retrieve
 
-    ks = parse_ks(ks)
     opts["device"] = check_runtime(opts["device"])
     settings = {"temperature": temperature, "alpha": alpha, "damping": damping,
                 "router": router, "signals": signals}
-    settings = {**parse_settings(set_specs),
-                **{k: v for k, v in settings.items() if v is not None}}
+    settings = {**set_specs, **{k: v for k, v in settings.items() if v is not None}}
     src = Path(source)
     gam_methods = [m for m in dict.fromkeys(methods) if m in GAM_METHODS]
     methods = METHODS if "all" in methods else tuple(m for m in dict.fromkeys(methods)
@@ -77,6 +76,7 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     if (gam_methods or turn_level) and is_index:
         raise click.BadParameter("GAM methods and --turns need DATA (a dataset file), not an "
                                  "index folder", param_hint="SOURCE")
+    check_settings(methods, settings, set_specs)
     several = len(methods) + len(gam_methods) > 1
     for m in (gam_methods + list(dict.fromkeys(methods))) if out else ():
         check_out_file(log_path(out, m, several))
@@ -133,6 +133,23 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
             write_logs(ev, path, turn_metrics=per_turn)
             info(f"wrote {path}")
     _write_metrics(out, source, used, ks, results, idx.config.get("encoder"))
+
+
+def check_settings(methods, settings: dict, from_set: dict) -> None:
+    """The read-path settings checked against each method's preset before any work
+    (what needs the index, such as ``signals="auto"``, is checked once it is loaded);
+    an error names the option that gave the setting."""
+    from ..retrieve import resolve
+    from ..retrieve.engine import SettingsError
+
+    for method in dict.fromkeys(methods):
+        for key, value in [*settings.items(), (None, None)]:  # each alone, then all
+            try:
+                resolve(None, method, **({key: value} if key else settings))
+            except SettingsError as e:
+                given_by_set = key in from_set and settings[key] == from_set[key]
+                hint = "--set" if key is None or given_by_set else f"--{key}"
+                raise click.BadParameter(f"{e} (method {method})", param_hint=hint) from None
 
 
 def log_path(out, method: str, several: bool) -> Path:

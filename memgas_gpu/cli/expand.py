@@ -9,7 +9,8 @@ import os
 
 import click
 
-from ._common import FiniteFloat, check_out_file, dataset_options, info, load, quiet_option
+from ._common import (FiniteFloat, check_out_dir, check_out_file, dataset_options, info, load,
+                      quiet_option)
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -105,8 +106,11 @@ def expand(data, out, dialogue, fmt, empty_sessions, user_only, conversations,
     """
     from ..llm import LLMSource, dialogue_style, expansion_paths, write_expansion_files
 
-    for path in expansion_paths(out):
-        check_out_file(path)
+    if out.endswith(("/", os.sep)) and not os.path.exists(out):
+        check_out_dir(out)  # a new folder: made in an existing one
+    else:
+        for path in expansion_paths(out):
+            check_out_file(path)
     llm = pop_llm_options(opts)
     client = make_client(llm)
     ds = load(data, fmt, empty_sessions, user_only, conversations, exclude_conversations)

@@ -10,8 +10,8 @@ from .. import __version__
 from .._io import atomic_write
 from ..gam.params import SEGMENTATIONS  # these two modules import no tensor code
 from ..gam.presets import METHODS
-from ._common import (FiniteFloat, check_out_file, check_runtime, dataset_options, info, load,
-                      quiet_option)
+from ._common import (FiniteFloat, check_encoder, check_out_file, check_runtime,
+                      dataset_options, info, load, quiet_option)
 
 
 @click.command("gam")
@@ -29,8 +29,9 @@ from ._common import (FiniteFloat, check_out_file, check_runtime, dataset_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
 @click.option("--summaries", default="offline", show_default=True,
               help="c_sum source: offline (extractive, per topic), raw, or a .jsonl file.")
-@click.option("--encoder", default=None, metavar="MODEL",
-              help="Encoder model [default: the bundled all-MiniLM-L6-v2].")
+@click.option("--encoder", default=None, metavar="MODEL", callback=check_encoder,
+              help="Encoder model: a Hugging Face name or a local folder [default: the "
+                   "bundled all-MiniLM-L6-v2].")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Embedding store folder (encode each text once, across runs).")
 @click.option("--device", default=None, help="cpu, cuda … [default: auto].")

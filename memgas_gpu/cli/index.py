@@ -17,7 +17,7 @@ def index(data, out, **opts) -> None:
     opts["device"] = check_runtime(opts["device"])
     check_out_dir(out, index=True)
     if opts["store"]:
-        check_out_dir(opts["store"], "--store")
+        check_out_dir(opts["store"], "--store", parents=True)
     idx = build_index(data, **opts)
     idx.save(out)
     t = idx.config.get("timings", {})

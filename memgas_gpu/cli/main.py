@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import __version__
+from .._display import safe_text
 from ..errors import MemgasError
 
 
@@ -18,7 +19,8 @@ def _one_line(e) -> str:
         text = f"{where}: {e.strerror}" if where else e.strerror
     else:
         text = str(e) or type(e).__name__
-    return "error: " + " ".join(text.split())  # always one line
+    # always one line, and nothing a terminal acts on (ids in messages come from data)
+    return "error: " + safe_text(" ".join(text.split()))
 
 
 def _write_errors() -> tuple:

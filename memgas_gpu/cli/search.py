@@ -5,9 +5,10 @@ import json
 
 import click
 
-from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, parse_settings,
-                      quiet_option)
-from .eval import METHODS
+from .._display import safe_json, safe_text
+from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, quiet_option,
+                      settings_callback)
+from .eval import METHODS, check_settings
 
 
 @click.command("search")
@@ -22,7 +23,7 @@ from .eval import METHODS
 @click.option("--evidence", type=click.IntRange(0), default=2, show_default=True,
               help="Best-matching turns shown per session.")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
-              help="Any read-path setting (repeat), e.g. --set time_beta=0.")
+              callback=settings_callback, help="Any read-path setting (repeat), e.g. --set time_beta=0.")
 @click.option("--date", "question_date", default=None,
               help="When the questions are asked (anchors 'last week' for the time cue).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per question.")
@@ -35,24 +36,25 @@ def search(index_dir, queries, conversation, k, method, evidence, set_specs, que
     from ..retrieve import MemoryIndex
 
     device = check_runtime(device)
-    settings = parse_settings(set_specs)
+    settings = set_specs
+    check_settings([method], settings, settings)
     queries = clean_queries(queries)
     idx = MemoryIndex.load(index_dir)
     if conversation not in {c.id for c in idx.conversations}:
         ids = [c.id for c in idx.conversations]
-        shown = ", ".join(ids[:8]) + (", …" if len(ids) > 8 else "")
+        shown = ", ".join(map(safe_text, ids[:8])) + (", …" if len(ids) > 8 else "")
         raise click.BadParameter(f"no conversation {conversation!r} in {index_dir} (it has "
                                  f"{len(ids)}: {shown})", param_hint="--conversation")
     results = idx.search(conversation, list(queries), k=k, method=method, evidence=evidence,
                          device=device, question_date=question_date, **settings)
     for q, r in zip(queries, results):
         if as_json:
-            click.echo(json.dumps({"query": q, **r.to_dict()}, ensure_ascii=False,
-                                  allow_nan=False))
+            click.echo(safe_json(json.dumps({"query": q, **r.to_dict()},
+                                            ensure_ascii=False, allow_nan=False)))
             continue
-        click.echo(f"? {q}")
+        click.echo(f"? {safe_text(q)}")
         for rank, (sid, sc, ev) in enumerate(zip(r.session_ids, r.scores, r.evidence), 1):
-            click.echo(f"  {rank}. {sid}  {sc:.4f}")
+            click.echo(f"  {rank}. {safe_text(sid)}  {sc:.4f}")
             for t, text, s in ev:
                 one = " ".join((text or "").split())
-                click.echo(f"       turn {t} ({s:.3f}): {one[:160]}")
+                click.echo(f"       turn {t} ({s:.3f}): {safe_text(one[:160])}")

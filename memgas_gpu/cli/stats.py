@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .._display import safe_json, safe_text
 from ._common import dataset_options, load, quiet_option
 
 
@@ -31,10 +32,11 @@ def stats(path: str, as_json: bool, fmt: str, empty_sessions: str, user_only: bo
     per = [{"id": c.id, "sessions": len(c.sessions), "questions": len(c.questions)}
            for c in ds]
     if as_json:
-        click.echo(json.dumps({"path": path, "kind": "dataset", "format": ds.format,
-                               **st.as_dict(), "conversation_ids": [c["id"] for c in per],
-                               "by_conversation": per}, indent=2, allow_nan=False,
-                              ensure_ascii=False))
+        click.echo(safe_json(json.dumps({"path": path, "kind": "dataset",
+                                         "format": ds.format, **st.as_dict(),
+                                         "conversation_ids": [c["id"] for c in per],
+                                         "by_conversation": per}, indent=2,
+                                        allow_nan=False, ensure_ascii=False)))
         return
     rows = [
         ("format", ds.format),
@@ -54,7 +56,7 @@ def stats(path: str, as_json: bool, fmt: str, empty_sessions: str, user_only: bo
     width = _rows(rows)
     click.echo("questions per type:")
     for t, n in st.questions_per_type.items():
-        click.echo(f"  {t:<{width - 2}}  {n:,}")
+        click.echo(f"  {safe_text(t):<{width - 2}}  {n:,}")
     _conversation_table(per)
 
 
@@ -78,8 +80,8 @@ def _index_stats(path: str, as_json: bool) -> None:
            "encoder": encoder.get("model"), "summaries": summaries,
            "conversation_ids": [c["id"] for c in per], "by_conversation": per}
     if as_json:
-        click.echo(json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False,
-                              default=str))
+        click.echo(safe_json(json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False,
+                                        default=str)))
         return
     _rows([("index folder", path), ("encoder", doc["encoder"] or "(not recorded)"),
            ("summaries", doc["summaries"] or "(not recorded)"),
@@ -90,16 +92,19 @@ def _index_stats(path: str, as_json: bool) -> None:
 
 def _rows(rows) -> int:
     width = max(len(r[0]) for r in rows)
-    for k, v in rows:
-        click.echo(f"{k:<{width}}  {v:,}" if isinstance(v, int) else f"{k:<{width}}  {v}")
+    for k, v in rows:  # values can come from the data (a format, an encoder name)
+        click.echo(f"{k:<{width}}  {v:,}" if isinstance(v, int) else
+                   f"{k:<{width}}  {safe_text(v)}")
     return width
 
 
 def _conversation_table(per: list) -> None:
-    """One line per conversation: its id, sessions and questions."""
+    """One line per conversation: its id (control characters escaped: one row each),
+    sessions and questions."""
     if not per:
         return
-    w = max(len("conversation id"), max(len(c["id"]) for c in per))
+    ids = [safe_text(c["id"]) for c in per]
+    w = max(len("conversation id"), max(map(len, ids)))
     click.echo(f"{'conversation id':<{w}}  {'sessions':>8}  {'questions':>9}")
-    for c in per:
-        click.echo(f"{c['id']:<{w}}  {c['sessions']:>8,}  {c['questions']:>9,}")
+    for cid, c in zip(ids, per):
+        click.echo(f"{cid:<{w}}  {c['sessions']:>8,}  {c['questions']:>9,}")

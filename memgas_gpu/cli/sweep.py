@@ -14,9 +14,10 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from .._display import safe_text
 from .._io import atomic_write, nan_to_null
 from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_file,
-                      check_runtime, dataset_options, info, load, parse_ks)
+                      check_runtime, dataset_options, info, ks_callback, load)
 
 #: accepted ranges of the numeric grid keys (NaN and inf are refused for all)
 _GRID_RANGES = {"temperature": FiniteFloat(0, min_open=True), "damping": FiniteFloat(0, 1),
@@ -106,7 +107,8 @@ def format_ranked(rows: list, ks, top: int) -> str:
                    "'+'-joined names or all|lexical|dense|default|extractive, separated by ';'.")
 @click.option("--method", default=DEFAULT_METHOD, show_default=True,
               help="The preset whose settings the grid varies.")
-@click.option("--k", "ks", default="3,5,10", show_default=True, help="recall_all cut-offs.")
+@click.option("--k", "ks", default="3,5,10", show_default=True, callback=ks_callback,
+              help="recall_all cut-offs (comma-separated, >= 1).")
 @click.option("--rank-by", default=None, help="Metric to rank by [default: recall_all@<first k>].")
 @click.option("--top", type=click.IntRange(1), default=20, show_default=True,
               help="Rows printed.")
@@ -121,7 +123,6 @@ def format_ranked(rows: list, ks, top: int) -> str:
 def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) -> None:
     """Evaluate a grid of read-path settings on all questions at once."""
     from ..eval.sweep import gains, leave_one_out, rank, run_sweep
-    ks = parse_ks(ks)
     opts["device"] = check_runtime(opts["device"])
     for suffix in (".csv", ".json") if out else ():
         check_out_file(Path(out).with_suffix(suffix))
@@ -162,6 +163,7 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
         if len(per) > MAX_LOO_LINES:
             click.echo(f"  ({len(per)} conversations: per-conversation results in the JSON)")
         for c, v in per.items() if len(per) <= MAX_LOO_LINES else ():
+            c = safe_text(c)  # a conversation id: data
             click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
                        f"{100 * v['train']:.2f}) with {v['settings']}" if picks else
                        f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")

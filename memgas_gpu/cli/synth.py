@@ -9,6 +9,7 @@ from ._common import FiniteFloat, check_out_file, quiet_option
 from ..synth import (
     DEFAULT_ABSTENTION_RATE,
     DEFAULT_DISTRACTOR_RATE,
+    LIMITS,
     SCALES,
     SynthParamError,
     validate_params,
@@ -17,7 +18,9 @@ from ..synth import (
 
 _OPTION = {"questions": "--questions", "sessions": "--sessions", "turns": "--turns",
            "words": "--words", "pool": "--pool", "abstention_rate": "--abstention-rate",
-           "distractor_rate": "--distractor-rate", "distinct_sessions": "--distinct-sessions"}
+           "distractor_rate": "--distractor-rate", "distinct_sessions": "--distinct-sessions",
+           "size": "--questions/--sessions/--turns/--words",
+           "pool_size": "--pool/--sessions/--turns/--words"}
 
 
 def _distinct(value: Optional[str]):
@@ -40,16 +43,17 @@ def _preset_help() -> str:
               help="Output JSON file (written atomically).")
 @click.option("--scale", type=click.Choice(list(SCALES)), default="s", show_default=True,
               help=f"Shape preset ({_preset_help()}); explicit options override it.")
-@click.option("--questions", type=int, default=None, help="Questions (= haystacks).")
-@click.option("--sessions", type=int, default=None, help="Sessions per haystack (>= 3).")
-@click.option("--turns", type=int, default=None, help="Messages per session (>= 2).")
-@click.option("--words", type=int, default=None, help="About how many words per message.")
+@click.option("--questions", type=int, default=None, help=f"Questions (= haystacks; at most {LIMITS['questions']:,}).")
+@click.option("--sessions", type=int, default=None, help=f"Sessions per haystack (3 to {LIMITS['sessions']:,}).")
+@click.option("--turns", type=int, default=None, help=f"Messages per session (2 to {LIMITS['turns']:,}).")
+@click.option("--words", type=int, default=None, help=f"About how many words per message (at most {LIMITS['words']:,}).")
 @click.option("--pool", type=int, default=None,
-              help="Shared filler-session pool size [default: 2 x sessions].")
+              help=f"Shared filler-session pool size (at most {LIMITS['pool']:,}) "
+                   "[default: 2 x sessions].")
 @click.option("--distinct-sessions", "distinct_sessions", default=None, metavar="N|all",
               help="Distinct filler sessions in the file: N (the pool size, as --pool) or "
                    "'all' (every session its own, nothing for deduplication to save; "
-                   "streamed, any size). Default: the pool, 2 x sessions.")
+                   "streamed). Default: the pool, 2 x sessions.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--abstention-rate", type=FiniteFloat(0, 1), default=DEFAULT_ABSTENTION_RATE,
               show_default=True, help="Fraction of _abs (abstention) questions.")
@@ -67,6 +71,10 @@ def synth(out: str, scale: str, questions: Optional[int], sessions: Optional[int
     Deterministic for a seed. `--scale m` is the LongMemEval-M shape (500 questions x
     500 sessions, ~1M tokens per haystack, ~2.5 GB); its 250,000 session slots reuse
     about 1,800 distinct sessions unless --distinct-sessions says otherwise.
+
+    Sizes are bounded, and checked before anything is written: at most 10,000,000,000
+    words in the file (questions x sessions x turns x words, about 60 GB) and
+    200,000,000 in the shared pool (pool x turns x words, held in memory).
     """
     check_out_file(out)
     distinct = _distinct(distinct_sessions)

@@ -27,11 +27,13 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .._checks import resolve_device
+from ..errors import MemgasError
 from ..progress import Progress, is_enabled
 from .batching import TextTokenizer, Tokenized, pad_rows, plan_batches
 
-__all__ = ["Encoder", "BUNDLED_MODEL", "bundled_model_path", "hf_progress_bars",
-           "normalize_auto"]
+__all__ = ["Encoder", "BUNDLED_MODEL", "EncoderLoadError", "bundled_model_path",
+           "check_model_source", "hf_progress_bars", "normalize_auto"]
 
 #: Default padded-token budget per batch.
 CPU_TOKEN_BUDGET = 8192
@@ -96,6 +98,46 @@ def hf_progress_bars(enabled: bool) -> Iterator[None]:
     finally:
         if was != enabled:
             (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+class EncoderLoadError(MemgasError, ValueError):
+    """A model name or folder that does not open as an encoder (one line naming it and
+    what is missing)."""
+
+
+#: weights AutoModel opens from a folder (safetensors or PyTorch, maybe sharded)
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def check_model_source(model: Optional[Union[str, os.PathLike]]) -> None:
+    """Refuse, in a few file checks and before any work, a ``model`` that cannot be an
+    encoder: a file, a folder without ``config.json`` or model weights, a name that is
+    neither an existing folder nor a Hugging Face model id (``None``, the bundled
+    model, passes).
+
+    Raises:
+        EncoderLoadError: naming the path and what is missing.
+    """
+    from .record import _HUB_ID
+
+    if model is None:
+        return
+    src = os.fspath(model) if isinstance(model, os.PathLike) else model
+    if not isinstance(src, str) or not src:
+        raise EncoderLoadError(f"encoder: expected a model folder or a Hugging Face model "
+                               f"name, got {src!r:.80}")
+    if os.path.isdir(src):
+        if not os.path.isfile(os.path.join(src, "config.json")):
+            raise EncoderLoadError(f"encoder {src!r}: not a model folder (no config.json)")
+        if not any(os.path.isfile(os.path.join(src, w)) for w in _WEIGHT_FILES):
+            raise EncoderLoadError(f"encoder {src!r}: no model weights in the folder (no "
+                                   "model.safetensors or pytorch_model.bin)")
+    elif os.path.exists(src):
+        raise EncoderLoadError(f"encoder {src!r}: is a file, not a model folder")
+    elif not _HUB_ID.fullmatch(src) or src.startswith((".", "~")):
+        raise EncoderLoadError(f"encoder {src!r}: no such folder, and not a Hugging Face "
+                               "model name")
 
 
 def _progress_enabled(progress: Optional[bool]) -> bool:
@@ -167,22 +209,29 @@ class Encoder:
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
         if not (isinstance(normalize, bool) or normalize == "auto"):
             raise ValueError(f"normalize must be True, False or 'auto', got {normalize!r}")
-        self.source = bundled_model_path() if model is None else str(model)
+        check_model_source(model)
+        dev = resolve_device(device)  # before the model is loaded
+        self.source = bundled_model_path() if model is None else os.fspath(model)
         local = self._local = os.path.isdir(self.source)
         with hf_progress_bars(_progress_enabled(None)):
             try:
-                self.tokenizer = AutoTokenizer.from_pretrained(self.source, local_files_only=True)
-                self.model = AutoModel.from_pretrained(self.source, local_files_only=True)
-            except (OSError, ValueError):
-                if local:
-                    raise
-                self.tokenizer = AutoTokenizer.from_pretrained(self.source)
-                self.model = AutoModel.from_pretrained(self.source)
+                try:
+                    self.tokenizer = AutoTokenizer.from_pretrained(self.source,
+                                                                   local_files_only=True)
+                    self.model = AutoModel.from_pretrained(self.source, local_files_only=True)
+                except (OSError, ValueError):
+                    if local:
+                        raise
+                    self.tokenizer = AutoTokenizer.from_pretrained(self.source)
+                    self.model = AutoModel.from_pretrained(self.source)
+            except Exception as e:  # transformers' many ways of saying "not a model"
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                where = "" if local else " (not a local folder; not in the Hugging Face " \
+                                         "cache, and not downloadable)"
+                raise EncoderLoadError(f"encoder {self.source!r}: cannot be opened as a "
+                                       f"model{where}: {why}") from e
         self.model_dir = self.source if local else self._cached_dir(self.source)
-        dev = "auto" if device is None else str(device)
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(dev)
+        self.device = dev
         self.dtype = _resolve_dtype(dtype, self.device)
         self.model = self.model.float().to(self.device).eval()
         self.pooling = pooling

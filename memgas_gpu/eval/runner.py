@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .._display import safe_text
 from .._io import atomic_write
 from .metrics import KS, gold_mask, metric_names, retrieval_metrics
 
@@ -72,7 +73,7 @@ def format_table(ev: Evaluation, metrics: Sequence[str] = ("recall_all", "ndcg_a
     cols = [f"{m}@{k}" for m in metrics for k in ks if k in ev.ks]
     head = ["", "n"] + cols
     rows = [["all (parity)", ev.summary["all"]], ["all (strict)", ev.summary["strict"]]]
-    rows += [[t, s] for t, s in ev.summary["by_type"].items()]
+    rows += [[safe_text(t), s] for t, s in ev.summary["by_type"].items()]  # types: data
     table = [head] + [[name, str(s["n"])] + [f"{100 * s[c]:.2f}" if s["n"] else "-"
                                              for c in cols] for name, s in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from .._checks import resolve_device
 from ..errors import MemgasError
 from ..granularity import N_GRAN
 from ..ops.bm25 import BM25_METHODS
@@ -312,7 +313,7 @@ def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
     """
     from .graphs import read_graph
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     index, batch = batch_view(index, batch)
     lay = query_layout(index.conv_offsets, batch.q_conv)
     ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,

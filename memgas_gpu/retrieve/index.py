@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .._checks import float_dtype, require_encoder
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
@@ -163,6 +164,7 @@ class MemoryIndex:
                 ``keywords=``, ``m=``, ``skip_sessions=``, ``concat=``, ``lexical=``,
                 ``keep_turns=``, ``keep_text=``, ``tokenizer=``).
         """
+        require_encoder(encoder)
         p = (params or BuildParams()).with_settings(**settings)
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be a memgas_gpu.Dataset, got "
@@ -363,9 +365,12 @@ class MemoryIndex:
     def save(self, path, dtype: torch.dtype = torch.float32, **options):
         """Write the index folder (see ``docs/index-format.md``) from one snapshot (writes
         running meanwhile are not in it); ``options``: ``force``, ``lock_timeout`` of
-        :func:`~memgas_gpu.retrieve.persist.save_index`."""
+        :func:`~memgas_gpu.retrieve.persist.save_index`.  ``dtype``: how embeddings are
+        stored, ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``, or
+        the name of one (``"float16"``); anything else is a TypeError."""
         from .persist import save_index
 
+        dtype = float_dtype(dtype)
         return save_index(self, path, dtype=dtype, **options)
 
     @classmethod
@@ -385,6 +390,7 @@ class MemoryIndex:
             EncoderMismatchError: its fingerprint differs from the index's.
             EncoderRecordError: the recorded encoder cannot be opened here.
         """
+        require_encoder(encoder)
         enc = encoder or self._encoder
         if enc is None:
             if not self.config.get("encoder_source"):

@@ -10,7 +10,10 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+import operator
+
 from .. import ops
+from .._checks import require_encoder, resolve_device
 from .._io import find_surrogate
 from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
 from .signals import QueryBatch
@@ -67,15 +70,43 @@ def question_batch(index, qi: Tensor) -> QueryBatch:
 
 
 def _question_index(index, questions) -> Tensor:
+    """``questions`` as a long tensor of indices into ``index.questions``.
+
+    Raises:
+        TypeError: an element that is not an integer (a string, a float, a bool).
+        IndexError: an integer out of range (negative, or past the last question).
+    """
     n = len(index.questions)
     if questions is None:
         return torch.arange(n)
-    qi = torch.as_tensor(list(questions), dtype=torch.long)
+    what = ("questions must be integer indices into index.questions "
+            f"({f'0 to {n - 1}' if n else 'it has none'})")
+    if isinstance(questions, (str, bytes)):
+        raise TypeError(f"{what}, got a string {questions!r:.40}")
+    if isinstance(questions, Tensor) and questions.dtype in _INDEX_DTYPES:
+        qi = questions.reshape(-1).to(torch.long)
+    else:
+        out = []
+        for q in questions:
+            try:
+                if isinstance(q, bool) or (isinstance(q, Tensor) and q.dtype == torch.bool):
+                    raise TypeError
+                out.append(operator.index(q))
+            except TypeError:
+                raise TypeError(f"{what}, got {q!r:.40}") from None
+        bad = [i for i in out if not 0 <= i < n]
+        if bad:
+            raise IndexError(f"{what}: question index {bad[0]} out of range (the index has "
+                             f"{n} questions)")
+        return torch.tensor(out, dtype=torch.long)
     bad = qi[(qi < 0) | (qi >= n)]
     if bad.numel():
-        raise IndexError(f"question index {int(bad[0])} out of range: the index has {n} "
-                         "questions")
+        raise IndexError(f"{what}: question index {int(bad[0])} out of range (the index "
+                         f"has {n} questions)")
     return qi
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def retrieve(index, questions: Optional[Sequence[int]] = None,
@@ -98,6 +129,7 @@ def retrieve(index, questions: Optional[Sequence[int]] = None,
     Returns:
         A :class:`Retrieval`.
     """
+    resolve_device(device)  # before any work
     method = method or DEFAULT_METHOD
     p, info = resolve(index, method, params, **settings)
     qi = _question_index(index, questions)
@@ -161,6 +193,8 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
     """
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings (got one string: wrap it in [])")
+    require_encoder(encoder)
+    resolve_device(device)  # before the queries are encoded
     queries = list(queries)
     bad = [type(q).__name__ for q in queries if not isinstance(q, str)]
     if bad:

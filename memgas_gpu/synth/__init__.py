@@ -11,7 +11,10 @@ from ._facts import QUESTION_TYPES
 from ._writer import (
     DEFAULT_ABSTENTION_RATE,
     DEFAULT_DISTRACTOR_RATE,
+    LIMITS,
     MAX_EVIDENCE,
+    MAX_POOL_WORDS,
+    MAX_TOTAL_WORDS,
     SCALES,
     SynthParamError,
     SynthSummary,
@@ -23,7 +26,10 @@ from ._writer import (
 __all__ = [
     "DEFAULT_ABSTENTION_RATE",
     "DEFAULT_DISTRACTOR_RATE",
+    "LIMITS",
     "MAX_EVIDENCE",
+    "MAX_POOL_WORDS",
+    "MAX_TOTAL_WORDS",
     "QUESTION_TYPES",
     "SCALES",
     "SynthParamError",

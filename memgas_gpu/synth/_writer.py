@@ -35,8 +35,9 @@ from ._facts import QUESTION_TYPES, evidence_count, make_fact
 from ._text import Grammar
 from ._vocab import TOPIC_NAMES
 
-__all__ = ["SCALES", "DEFAULT_ABSTENTION_RATE", "DEFAULT_DISTRACTOR_RATE", "MAX_EVIDENCE", "SynthParamError", "SynthSummary", "validate_params",
-           "write_synthetic", "format_date"]
+__all__ = ["SCALES", "DEFAULT_ABSTENTION_RATE", "DEFAULT_DISTRACTOR_RATE", "LIMITS",
+           "MAX_EVIDENCE", "MAX_POOL_WORDS", "MAX_TOTAL_WORDS", "SynthParamError",
+           "SynthSummary", "validate_params", "write_synthetic", "format_date"]
 
 #: Presets: ``s`` is a quick test file, ``m`` the LongMemEval-M shape (500 questions,
 #: 500 sessions per haystack, ~1M tokens per haystack).
@@ -47,11 +48,23 @@ SCALES: dict[str, dict[str, int]] = {
 DEFAULT_ABSTENTION_RATE = 0.06  # LongMemEval: 30 of 500 questions
 DEFAULT_DISTRACTOR_RATE = 0.1
 MAX_EVIDENCE = 3
+#: Largest accepted value of each size (generous: LongMemEval-M is 500 questions x 500
+#: sessions x 10 messages x ~180 words); beyond them a run takes hours or fills a disk.
+LIMITS: dict[str, int] = {"questions": 100_000, "sessions": 10_000, "turns": 1_000,
+                          "words": 10_000, "pool": 1_000_000}
+#: Most words in one file, questions x sessions x turns x words (about 60 GB;
+#: LongMemEval-M: 4.5e8 words, 2.5 GB).
+MAX_TOTAL_WORDS = 10**10
+#: Most words in the shared pool, pool x turns x words: it is rendered once and held in
+#: memory (about 1.5 GB).
+MAX_POOL_WORDS = 2 * 10**8
 _EPOCH = datetime(2023, 1, 1)
 
 
 class SynthParamError(MemgasError, ValueError):
-    """An invalid generator parameter; ``param`` names it (e.g. ``"sessions"``)."""
+    """An invalid generator parameter; ``param`` names it (e.g. ``"sessions"``;
+    ``"size"``: questions x sessions x turns x words, ``"pool_size"``: pool x turns x
+    words)."""
 
     def __init__(self, param: str, message: str) -> None:
         self.param = param
@@ -114,10 +127,38 @@ def validate_params(questions: int, sessions: int, turns: int, words: int,
     if pool is not None and pool < sessions - 1:
         raise SynthParamError("pool", f"must be >= sessions - 1 = {sessions - 1} (filler "
                                       f"sessions per haystack), got {pool}")
+    _check_sizes(questions, sessions, turns, words, pool, distinct_sessions)
     if not 0.0 <= abstention_rate <= 1.0:
         raise SynthParamError("abstention_rate", f"must be in [0, 1], got {abstention_rate}")
     if not 0.0 <= distractor_rate <= 1.0:
         raise SynthParamError("distractor_rate", f"must be in [0, 1], got {distractor_rate}")
+
+
+def _check_sizes(questions: int, sessions: int, turns: int, words: int,
+                 pool: Optional[int], distinct_sessions: Union[int, str, None]) -> None:
+    """The upper bounds: :data:`LIMITS`, :data:`MAX_TOTAL_WORDS`, :data:`MAX_POOL_WORDS`."""
+    named = {"questions": questions, "sessions": sessions, "turns": turns, "words": words}
+    if isinstance(distinct_sessions, int):
+        named["distinct_sessions"] = distinct_sessions
+    elif pool is not None:
+        named["pool"] = pool
+    for name, value in named.items():
+        top = LIMITS.get(name, LIMITS["pool"])
+        if value > top:
+            raise SynthParamError(name, f"must be <= {top:,}, got {value:,}")
+    total = questions * sessions * turns * words
+    if total > MAX_TOTAL_WORDS:
+        raise SynthParamError("size", f"the file would hold {total:,} words (questions x "
+                                       f"sessions x turns x words); at most "
+                                       f"{MAX_TOTAL_WORDS:,} (about 60 GB)")
+    if distinct_sessions == "all":
+        return
+    n_pool = named.get("distinct_sessions", named.get("pool", 2 * sessions))
+    if n_pool * turns * words > MAX_POOL_WORDS:
+        which = "distinct_sessions" if "distinct_sessions" in named else "pool_size"
+        raise SynthParamError(which, f"the shared pool of {n_pool:,} sessions would hold "
+                                     f"{n_pool * turns * words:,} words (pool x turns x "
+                                     f"words), held in memory; at most {MAX_POOL_WORDS:,}")
 
 
 def format_date(d: datetime) -> str:
@@ -263,7 +304,9 @@ def write_synthetic(path: Union[str, os.PathLike], questions: int = SCALES["s"][
         A :class:`SynthSummary` of what was written.
 
     Raises:
-        SynthParamError: a parameter is out of range (nothing is written).
+        SynthParamError: a parameter is out of range (nothing is written), including
+            the upper bounds: :data:`LIMITS` per size, :data:`MAX_TOTAL_WORDS` words in
+            the file, :data:`MAX_POOL_WORDS` words in the shared pool.
     """
     validate_params(questions, sessions, turns, words, pool, abstention_rate, distractor_rate,
                     distinct_sessions)
