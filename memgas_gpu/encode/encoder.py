@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -105,6 +106,8 @@ class EncoderLoadError(MemgasError, ValueError):
     what is missing)."""
 
 
+#: a Hugging Face model id (``name`` or ``owner/name``)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 #: weights AutoModel opens from a folder (safetensors or PyTorch, maybe sharded)
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -119,8 +122,6 @@ def check_model_source(model: Optional[Union[str, os.PathLike]]) -> None:
     Raises:
         EncoderLoadError: naming the path and what is missing.
     """
-    from .record import _HUB_ID
-
     if model is None:
         return
     src = os.fspath(model) if isinstance(model, os.PathLike) else model
@@ -135,7 +136,7 @@ def check_model_source(model: Optional[Union[str, os.PathLike]]) -> None:
                                    "model.safetensors or pytorch_model.bin)")
     elif os.path.exists(src):
         raise EncoderLoadError(f"encoder {src!r}: is a file, not a model folder")
-    elif not _HUB_ID.fullmatch(src) or src.startswith((".", "~")):
+    elif not HUB_ID.fullmatch(src) or src.startswith((".", "~")):
         raise EncoderLoadError(f"encoder {src!r}: no such folder, and not a Hugging Face "
                                "model name")
 

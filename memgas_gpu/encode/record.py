@@ -18,7 +18,6 @@ Anything else stops with one line saying what to pass instead (``encoder=``).
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Optional
 
 from ..errors import MemgasError
@@ -27,7 +26,6 @@ __all__ = ["EncoderRecordError", "DOWNLOAD_ENV", "check_encoder_record", "record
 
 #: set to 1 to let :func:`recorded_encoder` download a Hub model an index names
 DOWNLOAD_ENV = "MEMGAS_ALLOW_DOWNLOAD"
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 _DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _MAX_LENGTH = 1 << 20
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -125,7 +123,7 @@ def recorded_encoder(config: dict, *, allow_download: Optional[bool] = None,
             encoder object), a folder that is not a safetensors model folder, or a Hub
             model that is not cached here while downloads are off.
     """
-    from .encoder import Encoder, bundled_model_path
+    from .encoder import HUB_ID, Encoder, bundled_model_path
 
     check_encoder_record(config)
     src = config.get("encoder_source")
@@ -140,7 +138,7 @@ def recorded_encoder(config: dict, *, allow_download: Optional[bool] = None,
         model = bundled_model_path()
     elif os.path.isdir(path):
         model = _model_folder(path)
-    elif os.path.isabs(path) or path.startswith((".", "~")) or not _HUB_ID.fullmatch(path):
+    elif os.path.isabs(path) or path.startswith((".", "~")) or not HUB_ID.fullmatch(path):
         raise EncoderRecordError(f"the index's encoder folder {path[:200]!r} does not exist "
                                  "on this machine: pass encoder=")
     elif allow_download:
