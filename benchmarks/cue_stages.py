@@ -17,7 +17,8 @@ __all__ = ["build_speaker_data", "speaker_signal", "time_tensors"]
 
 def build_speaker_data(index, dataset) -> SpeakerData:
     """:class:`SpeakerData` of ``index`` (built from ``dataset``, same conversations)."""
-    if index.lexical is None:
+    view = index.snapshot()
+    if view.lexical is None:
         raise ValueError("the speaker cue needs an index built with lexical=True")
 
     def sessions(ci):
@@ -28,7 +29,7 @@ def build_speaker_data(index, dataset) -> SpeakerData:
                              f"conversation {meta.id!r}")
         return [s.turns for s in conv.sessions]
 
-    data = message_data(index, range(index.n_conversations), sessions)
+    data = message_data(view, range(index.n_conversations), sessions)
     speakers = data.speakers
     named = torch.zeros(len(index.questions), data.named.shape[1], dtype=torch.bool)
     for qi, q in enumerate(index.questions):
@@ -60,15 +61,16 @@ def speaker_signal(index, data: SpeakerData, questions: Tensor,
     """
     dev = weights.doc_pos.device
     qi = torch.as_tensor(questions, dtype=torch.long)
+    view = index.snapshot()
     conv = index.q_conv[qi]
-    offs = index.conv_offsets
+    offs = view.conv_offsets
     n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
     out = torch.zeros(qi.numel(), n_max, dtype=torch.float32, device=dev)
     named = data.named[qi]
     variant = torch.where(named.sum(1) == 1, named.float().argmax(1), torch.full_like(qi, -1))
     for v in torch.unique(variant).tolist():
         sel = torch.nonzero(variant == v).squeeze(1)
-        out[sel.to(dev)] = best_turn_scores(weights, v, index.lexical.queries.rows(qi[sel]),
+        out[sel.to(dev)] = best_turn_scores(weights, v, view.lexical.queries.rows(qi[sel]),
                                              conv[sel], n_max)
     return out
 

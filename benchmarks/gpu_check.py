@@ -122,13 +122,14 @@ def check_speed(dev: torch.device, dry: bool, g: torch.Generator, C: int, S: int
     qconv = torch.arange(Q, device=dev)
     qe = torch.nn.functional.normalize(E[qconv * 4 * S + 4 * (S // 2)]
                                        + 0.1 * torch.randn(Q, d, device=dev), dim=1)
-    from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
+    from memgas_gpu.bench.data import index_from_nodes
+    from memgas_gpu.retrieve import PRESETS, QueryBatch
     from memgas_gpu.retrieve.engine import score
 
-    idx = MemoryIndex.from_nodes(E, [S] * C, (indptr, indices))
+    view = index_from_nodes(E, [S] * C, (indptr, indices)).view()
 
     def run():
-        return score(idx, QueryBatch(qe, qconv), PRESETS["memgas"], str(dev))
+        return score(view, QueryBatch(qe, qconv), PRESETS["memgas"], str(dev))
 
     t = timed(run, dev)
     report("read path (route + seeds + PPR + sessions)",

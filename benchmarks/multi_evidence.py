@@ -37,8 +37,9 @@ from memgas_gpu.retrieve.cues import question_interval, speaker_bm25
 from memgas_gpu.granularity import N_GRAN
 from memgas_gpu.retrieve.engine import read_path, resolve
 from memgas_gpu.retrieve.graphs import lexical_graph
-from memgas_gpu.retrieve.search import Retrieval, question_batch
-from memgas_gpu.retrieve.signals import SignalContext, compute_signals, query_layout, signal_nodes
+from memgas_gpu.retrieve.search import Retrieval
+from memgas_gpu.retrieve.signals import (SignalContext, compute_signals, lexical_specs,
+                                         query_layout, signal_nodes)
 
 from cue_stages import build_speaker_data, speaker_signal, time_tensors
 from rerank_stages import (feedback_weights, mmr, query_term_scores, rm3_expand,
@@ -54,8 +55,8 @@ REC = {"gamma": 1.0, "time_beta": 2.0}
 
 def hybrid_signals(index, qi, names, rows, valid, dev, k1, b, bm25_method):
     """Raw ``[Q, S, N]`` signals of questions ``qi`` (the engine's signal registry)."""
-    batch = question_batch(index, qi)
-    ctx = SignalContext(index, batch, query_layout(index.conv_offsets, batch.q_conv), dev,
+    view, batch, _ = index.question_view(qi)
+    ctx = SignalContext(view, batch, query_layout(view.conv_offsets, batch.q_conv), dev,
                         k1, b, bm25_method)
     return compute_signals(ctx, list(names))
 
@@ -64,7 +65,7 @@ def fuse(index, X, valid, conv, start, p, graph=None):
     """Steps 2-6 of the engine's read path on raw signals ``X``."""
     blocks = None
     if graph is not None:
-        sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+        sizes = index.snapshot().conv_offsets[1:] - index.snapshot().conv_offsets[:-1]
         blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
                                          sizes).repeat_interleave(N_GRAN)
     return read_path(X, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
@@ -73,8 +74,8 @@ def fuse(index, X, valid, conv, start, p, graph=None):
 
 def layout(index, qi):
     conv = index.q_conv[qi]
-    start = index.conv_offsets[conv]
-    n = index.conv_offsets[conv + 1] - start
+    start = index.snapshot().conv_offsets[conv]
+    n = index.snapshot().conv_offsets[conv + 1] - start
     pos = torch.arange(int(n.max()))
     valid = pos[None] < n[:, None]
     rows = torch.where(valid, start[:, None] + pos, torch.zeros_like(valid, dtype=torch.long))
@@ -155,7 +156,7 @@ def run_source(index, ds, log) -> dict:
     # --- MMR over session embeddings (S, T)
     for gi, g in ((0, "S"), (1, "T")):
         def sims():
-            e = torch.nn.functional.normalize(index.gran[index.row_slot[rows], gi].float(), dim=-1)
+            e = torch.nn.functional.normalize(index.snapshot().gran[index.snapshot().row_slot[rows], gi].float(), dim=-1)
             return e @ e.transpose(1, 2)
         sim, t_sim = timed(sims)
         for beta in (0.1, 0.25, 0.5, 1.0):
@@ -163,16 +164,17 @@ def run_source(index, ds, log) -> dict:
             add("mmr", f"{g} beta={beta}", s, t_sim + t)
 
     # --- RM3 on the BM25 signals
-    lex = index.lexical
+    lex = index.snapshot().lexical
     lex_names = [s for s in sig if s.startswith("bm25")]
-    doc_of = lex.doc_ptr["S"][index.row_slot[rows]]
+    doc_of = lex.doc_ptr["S"][index.snapshot().row_slot[rows]]
     n_docs = lex.docs["S"].n_rows
     for m_, nt, lam, temp in itertools.product((3, 5), (10, 20), (0.3, 0.5), (None, 1.0)):
         def prf():
             fb = feedback_weights(rel, valid, doc_of, n_docs, m=m_, temperature=temp)
             qx = rm3_expand(lex.queries.rows(qi), lex.docs["S"], fb, n_terms=nt, lam=lam)
-            got = lexical_signals(index, qi, lex_names, BM25Params(p.k1, p.b, p.bm25_method),
-                                  device="cpu", queries=qx)
+            got = lexical_signals(index.snapshot(), qx, index.q_conv[qi],
+                                  lexical_specs(lex_names),
+                                  BM25Params(p.k1, p.b, p.bm25_method), device="cpu")
             X2 = X.clone()
             for j, s_ in enumerate(sig):
                 if s_ in got:
@@ -187,7 +189,7 @@ def run_source(index, ds, log) -> dict:
         f"{int((spk.named.sum(1) == 1).sum())}/{len(index.questions)}")
     spk_sig = {}
     for gamma, which in itertools.product((0.5, 1.0, 2.0, 4.0), ("T", "S", "TS")):
-        sw = {g: speaker_bm25(index, spk, gamma, g, p.k1, p.b, p.bm25_method, "cpu")
+        sw = {g: speaker_bm25(index.snapshot(), spk, gamma, g, p.k1, p.b, p.bm25_method, "cpu")
               for g in which}  # index-time (once per setting)
 
         def spk_path():
@@ -227,7 +229,7 @@ def run_source(index, ds, log) -> dict:
                     f"{which} gamma={gamma}")]["extra_s"] + t_qparse)
 
     # --- propagation on the association graph (the existing fusion="ppr")
-    graphs = {"dense": index.graph(device="cpu"), "lexical": lexical_graph(index, device="cpu")}
+    graphs = {"dense": index.snapshot().graph(device="cpu"), "lexical": lexical_graph(index.snapshot(), device="cpu")}
     for gname, alpha, d in itertools.product(("dense", "lexical"), (15, 30), (0.1, 0.3, 0.5)):
         pp = replace(p, fusion="ppr", graph=gname, alpha=alpha, damping=d)
         s, t = timed(lambda: fuse(index, X, valid, conv, start, pp, graphs[gname]), reps=1)
@@ -242,7 +244,7 @@ def time_recommended(index, ds, qi, rows, valid, conv, start, p, log, reps=9) ->
     Index-time work (speaker weights, session dates, question intervals, like question
     tokens and embeddings) is done once outside the timed region."""
     spk = build_speaker_data(index, ds)
-    sw = speaker_bm25(index, spk, REC["gamma"], "T", p.k1, p.b, p.bm25_method, "cpu")
+    sw = speaker_bm25(index.snapshot(), spk, REC["gamma"], "T", p.k1, p.b, p.bm25_method, "cpu")
     qs, qe, sday = time_tensors(index)
     sd = torch.where(valid, sday[rows], torch.full(rows.shape, float("nan"),
                                                    dtype=torch.float64))

@@ -191,7 +191,8 @@ def query_term_scores(index, questions: Tensor, granularity: str = "S",
         end), ``mask`` ``[Q, L]`` bool, True for a real term (``L`` = most distinct
         terms of a question).
     """
-    lex = getattr(index, "lexical", None)
+    view = index.snapshot()
+    lex = view.lexical
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
     if granularity not in lex.docs:
@@ -200,7 +201,7 @@ def query_term_scores(index, questions: Tensor, granularity: str = "S",
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     qi = torch.as_tensor(questions, dtype=torch.long)
     conv = index.q_conv[qi]
-    offs = index.conv_offsets
+    offs = view.conv_offsets
     n_max = int((offs[conv + 1] - offs[conv]).max()) if qi.numel() else 0
     qm = lex.queries.rows(qi)
     q_len = qm.indptr[1:] - qm.indptr[:-1]
@@ -213,7 +214,7 @@ def query_term_scores(index, questions: Tensor, granularity: str = "S",
     rows = torch.cat([torch.arange(int(offs[c]), int(offs[c + 1])) for c in convs.tolist()])
     row_group = torch.repeat_interleave(torch.arange(convs.numel()), offs[convs + 1] - offs[convs])
     row_pos = rows - offs[convs][row_group]
-    slots = index.row_slot[rows]
+    slots = view.row_slot[rows]
     ptr = lex.doc_ptr[granularity]
     cnt = ptr[slots + 1] - ptr[slots]
     doc_row = torch.repeat_interleave(torch.arange(rows.numel()), cnt)

@@ -31,7 +31,7 @@ def run(path: str, rounds: int = 5, threads: int = 1, conversation: int = 0,
         enc = mg.Encoder(make_random_bert(tmp), device="cpu")
         idx = mg.MemoryIndex.build(ds, enc, device="cpu", progress=False)
     conv = ds.conversations[conversation]
-    view = idx.view([conversation])
+    view = idx.view([ds.conversations[conversation].id])
     names = speaker_data_of(view, [0]).speakers[0]
     qs = [q.text for q in conv.questions if sum(named_speakers(q.text, names)) == 1]
     qs = qs[:max_questions] if max_questions > 0 else qs

@@ -87,10 +87,10 @@ def index_state(idx) -> str:
     """Everything a save would write, as one string (public attributes only)."""
     parts = [_crc(getattr(idx, k)) for k in ("conv_offsets", "row_slot", "gran", "concat",
                                              "q_emb", "q_conv", "turns", "turn_ptr")]
-    if idx.turn_text is not None:
-        parts += [_crc(idx.turn_text.data), _crc(idx.turn_text.offsets)]
-    parts += [(k, _crc(v)) for k, v in sorted(idx.graphs.items())]
-    lex = idx.lexical
+    if idx.snapshot().turn_text is not None:
+        parts += [_crc(idx.snapshot().turn_text.data), _crc(idx.snapshot().turn_text.offsets)]
+    parts += [(k, _crc(v)) for k, v in sorted(idx.snapshot().graphs.items())]
+    lex = idx.snapshot().lexical
     if lex is not None:
         parts += [len(lex.vocab), _crc(lex.queries.indptr), _crc(lex.queries.indices)]
         parts += [(g, _crc([m.indptr, m.indices, m.tf]), _crc(lex.doc_ptr[g]))

@@ -211,21 +211,21 @@ def legacy_retrieve_scores(index, method="memgas", temperature=0.2, alpha=15, da
     N_GRAN = 4
     qi = torch.arange(len(index.questions))
     conv = index.q_conv[qi]
-    start = index.conv_offsets[conv]
-    n = index.conv_offsets[conv + 1] - start
+    start = index.snapshot().conv_offsets[conv]
+    n = index.snapshot().conv_offsets[conv + 1] - start
     n_max = int(n.max())
     if method == "no_association":
         graph = (torch.zeros(index.n_rows * N_GRAN + 1, dtype=torch.long),
                  torch.zeros(0, dtype=torch.long))
     elif method == "no_gmm":
-        graph = index.graph(replace(index.params, rule="topk", topk=no_gmm_topk), device="cpu")
+        graph = index.snapshot().graph(replace(index.params, rule="topk", topk=no_gmm_topk), device="cpu")
     else:
-        graph = index.graph(device="cpu")
-    sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
+        graph = index.snapshot().graph(device="cpu")
+    sizes = index.snapshot().conv_offsets[1:] - index.snapshot().conv_offsets[:-1]
     conv_of_row = torch.repeat_interleave(torch.arange(index.n_conversations), sizes)
     rows = torch.arange(index.n_rows)
     sess, conv_of_node = rows.repeat_interleave(N_GRAN), conv_of_row.repeat_interleave(N_GRAN)
-    node_emb = index.gran[index.row_slot].reshape(-1, index.dim)
+    node_emb = index.snapshot().gran[index.snapshot().row_slot].reshape(-1, index.dim)
     scores, ok = memgas_session_scores_packed(
         index.q_emb[qi], conv, node_emb, sess, torch.arange(N_GRAN).repeat(index.n_rows),
         conv_of_node, graph[0], graph[1], n_gran=N_GRAN, temperature=temperature,

@@ -281,7 +281,7 @@ def check_contents(mem: MemoryIndex, model: Model, oracle: Oracle, *, search: bo
     search = search and state is None
     enc = oracle.encoder
     for cid, entries in model.convs.items():
-        view = mem.view([st.position(cid)], state=st)
+        view = mem.view([cid], state=st)
         if not entries:
             assert view.n_rows == 0
             for q in mem.search(cid, queries[:1], encoder=enc):

@@ -22,8 +22,8 @@ def test_settings_object_and_keywords_build_the_same_index(small, minilm, tmp_pa
     b = MemoryIndex.build(small, minilm, summaries="source", m=12, skip_sessions=2,
                           concat=False, keep_turns=False, device="cpu", progress=False)
     assert a.params.m == 12 and a.params.skip_sessions == 2
-    assert a.concat is None and a.turns is None
-    assert torch.equal(a.graphs["gmm"][1], b.graphs["gmm"][1])
+    assert a.snapshot().concat is None and a.snapshot().turns is None
+    assert torch.equal(a.snapshot().graphs["gmm"][1], b.snapshot().graphs["gmm"][1])
     assert a.config["build"] == b.config["build"] == p.describe()
     a.save(tmp_path / "ix")
     back = MemoryIndex.load(tmp_path / "ix")

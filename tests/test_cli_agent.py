@@ -185,11 +185,11 @@ def test_store_keeps_float32_unless_asked(tiny, tmp_path):
     assert json.loads((tmp_path / "s32" / "manifest.json").read_text())["dtype"] == "float32"
     assert json.loads((tmp_path / "s16" / "manifest.json").read_text())["dtype"] == "float16"
     plain_idx, s32 = MemoryIndex.load(plain), MemoryIndex.load(tmp_path / "s32.idx")
-    ref = plain_idx.node_embeddings()
+    ref = plain_idx.snapshot().node_embeddings()
     # float32 rows: a build without a store, up to the summation order of other batches
-    torch.testing.assert_close(s32.node_embeddings(), ref, atol=1e-6, rtol=0)
-    assert all(torch.equal(x, y) for x, y in zip(s32.graph(), plain_idx.graph()))
-    half = MemoryIndex.load(tmp_path / "s16.idx").node_embeddings()
+    torch.testing.assert_close(s32.snapshot().node_embeddings(), ref, atol=1e-6, rtol=0)
+    assert all(torch.equal(x, y) for x, y in zip(s32.snapshot().graph(), plain_idx.snapshot().graph()))
+    half = MemoryIndex.load(tmp_path / "s16.idx").snapshot().node_embeddings()
     direct = torch.arange(half.shape[0]) % 4 != 1  # node 4·row + g: S, U, K (T is a mean)
     assert torch.equal(half[direct], ref[direct].half().float())  # float16's rounding only
     assert not torch.equal(half, ref)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from memgas_gpu.lexical import lexical_signals
+from _views import question_signals
 from memgas_gpu.ops.bm25f import field_weighted_counts
 from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve.cues import (named_speakers, parse_date, question_interval,
@@ -105,13 +105,13 @@ def test_speaker_signal_is_bm25_with_the_named_speakers_messages_repeated(locomo
     data = build_speaker_data(idx, ds)
     assert sorted(data.speakers[0]) == ["Gina", "Jon"]
     qi = torch.arange(len(idx.questions))
-    plain = lexical_signals(idx, qi, ("bm25_S", "bm25_Tmax"), device="cpu")
+    plain = question_signals(idx, ("bm25_S", "bm25_Tmax"), qi, device="cpu")
     for g, name in (("T", "bm25_Tmax"), ("S", "bm25_S")):
-        got = speaker_signal(idx, data, qi, speaker_bm25(idx, data, 0.0, g, device="cpu"))
+        got = speaker_signal(idx, data, qi, speaker_bm25(idx.snapshot(), data, 0.0, g, device="cpu"))
         assert torch.allclose(got, plain[name], rtol=1e-5, atol=1e-5)
-    tok = idx.lexical.tokenizer
+    tok = idx.snapshot().lexical.tokenizer
     names = data.speakers[0]
-    got = speaker_signal(idx, data, qi, speaker_bm25(idx, data, 1.0, "T", device="cpu"))
+    got = speaker_signal(idx, data, qi, speaker_bm25(idx.snapshot(), data, 1.0, "T", device="cpu"))
     owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
     checked = 0
     for i in range(40):
@@ -138,7 +138,7 @@ def test_engine_speaker_cue_equals_bm25s_with_the_named_speaker_repeated(locomo_
     raw = dict(signals=("bm25_Tmax",), norm="none", router="uniform", fusion="sum",
                time_beta=0.0)
     plain = retrieve(idx, method="memgas_hybrid", device="cpu", speaker_gamma=0.0, **raw)
-    tok = idx.lexical.tokenizer
+    tok = idx.snapshot().lexical.tokenizer
     names = ["Gina", "Jon"]
     owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
     n = len(conv.sessions)

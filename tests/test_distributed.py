@@ -47,7 +47,7 @@ def test_ray_store_shards_equal_single_process(local_ray, single, tiny_model, tm
                           device="cpu", progress=False, lexical=False)
     b = build_index_ray(ds, {"model": tiny_model}, num_workers=2, device="cpu",
                         progress=False, lexical=False, store_dir=str(tmp_path / "ray"))
-    assert torch.equal(a.gran, b.gran) and torch.equal(a.q_emb, b.q_emb)
+    assert torch.equal(a.snapshot().gran, b.snapshot().gran) and torch.equal(a.q_emb, b.q_emb)
     shards = sorted(p.name for p in (tmp_path / "one").glob("shard-*"))
     assert shards and shards == sorted(p.name for p in (tmp_path / "ray").glob("shard-*"))
     for name in shards:  # the same batches, committed in the same order: same bytes
@@ -58,9 +58,9 @@ def test_ray_index_and_rankings_equal_single_process(local_ray, single, tiny_mod
     ds, a = single
     b2 = build_index_ray(ds, {"model": tiny_model}, num_workers=2, device="cpu",
                          progress=False, lexical=False)
-    assert torch.equal(a.gran, b2.gran) and torch.equal(a.q_emb, b2.q_emb)  # bit for bit
-    assert torch.equal(a.graphs["gmm"][0], b2.graphs["gmm"][0])
-    assert torch.equal(a.graphs["gmm"][1], b2.graphs["gmm"][1])
+    assert torch.equal(a.snapshot().gran, b2.snapshot().gran) and torch.equal(a.q_emb, b2.q_emb)  # bit for bit
+    assert torch.equal(a.snapshot().graphs["gmm"][0], b2.snapshot().graphs["gmm"][0])
+    assert torch.equal(a.snapshot().graphs["gmm"][1], b2.snapshot().graphs["gmm"][1])
     for method in ("memgas", "session", "no_ppr"):
         ra = retrieve(a, method=method, device="cpu")
         rb = retrieve_ray(b2, method=method, num_tasks=2, device="cpu")
@@ -149,7 +149,7 @@ def test_driver_restart_resumes_from_committed_shards(local_ray, single, tiny_mo
     b = build_index_ray(ds, {"model": tiny_model}, **kw)
     total = full.config["encoding"]["sessions_and_texts"]["encoded"]
     assert b.config["encoding"]["sessions_and_texts"]["encoded"] == total - committed
-    assert torch.equal(full.gran, b.gran) and torch.equal(full.q_emb, b.q_emb)
+    assert torch.equal(full.snapshot().gran, b.snapshot().gran) and torch.equal(full.q_emb, b.q_emb)
     assert torch.equal(retrieve(full, method="memgas", device="cpu").rankings,
                        retrieve(b, method="memgas", device="cpu").rankings)
 

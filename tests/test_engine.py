@@ -28,8 +28,8 @@ def _two_conversations(idx: MemoryIndex) -> MemoryIndex:
     metas = [c, ConversationMeta("copy", c.session_ids[:n2], c.session_dates[:n2])]
     return MemoryIndex(conversations=metas, questions=idx.questions + idx.questions,
                        conv_offsets=torch.tensor([0, n1, n1 + n2]),
-                       row_slot=torch.cat([idx.row_slot, idx.row_slot[:n2]]), gran=idx.gran,
-                       concat=idx.concat, q_emb=torch.cat([idx.q_emb, idx.q_emb]),
+                       row_slot=torch.cat([idx.snapshot().row_slot, idx.snapshot().row_slot[:n2]]), gran=idx.snapshot().gran,
+                       concat=idx.snapshot().concat, q_emb=torch.cat([idx.q_emb, idx.q_emb]),
                        q_conv=torch.cat([torch.zeros(len(idx.questions), dtype=torch.long),
                                          torch.ones(len(idx.questions), dtype=torch.long)]),
                        graphs={}, params=idx.params, config=idx.config)
@@ -127,14 +127,15 @@ def test_time_cue_by_hand(locomo_index):
     from memgas_gpu.retrieve.engine import score
 
     _, idx = locomo_index
+    view = idx.snapshot()
     dates = idx.conversations[0].session_dates
     day = dates[2].split(" on ", 1)[1]  # "1 February, 2023"
     texts = [f"What did Gina find for her clothing store on {day}?",
              "What kind of dog does Jon have?"]
     batch = QueryBatch(idx.q_emb[:2], torch.zeros(2, dtype=torch.long),
-                       idx.lexical.encode_queries(texts), texts, [None, None])
-    on, _ = score(idx, batch, resolve(idx, "memgas_hybrid", time_beta=2.0)[0], "cpu")
-    off, _ = score(idx, batch, resolve(idx, "memgas_hybrid", time_beta=0.0)[0], "cpu")
+                       view.lexical.encode_queries(texts), texts, [None, None])
+    on, _ = score(view, batch, resolve(view, "memgas_hybrid", time_beta=2.0)[0], "cpu")
+    off, _ = score(view, batch, resolve(view, "memgas_hybrid", time_beta=0.0)[0], "cpu")
     want_day = datetime.strptime(day, "%d %B, %Y").date()
     want = torch.tensor([2.0 if datetime.strptime(d.split(" on ", 1)[1], "%d %B, %Y").date()
                          == want_day else 0.0 for d in dates], dtype=on.dtype)

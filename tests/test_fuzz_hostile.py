@@ -265,7 +265,7 @@ def test_fuzz_loaders_and_index_reader(tmp_path, locomo_list_path, locomo_flat_d
                                       "flat": locomo_flat_dir / "30.json"}, rng)
     base = tmp_path / "base"
     save = build_small_index(locomo_list_path, tmp_path)
-    save.graph()
+    save.snapshot().graph()
     save.save(base)
     cases += _index_cases(tmp_path, base, rng)
     results = _run(cases, tmp_path)
@@ -354,7 +354,7 @@ def _manifest_cases(tmp: Path, base: Path, rng: random.Random) -> list:
 def fuzz_base(tmp_path_factory, locomo_list_path):
     folder = tmp_path_factory.mktemp("fuzzbase")
     idx = build_small_index(locomo_list_path, folder)
-    idx.graph()
+    idx.snapshot().graph()
     return idx.save(folder / "base")
 
 

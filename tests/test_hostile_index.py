@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from memgas_gpu.bench.data import index_from_nodes
 from safetensors.torch import load_file, save_file
 
 from memgas_gpu.retrieve import MemoryIndex, retrieve
@@ -26,7 +28,7 @@ from _rss import HWM
 def small(tmp_path_factory, locomo_list_path):
     folder = tmp_path_factory.mktemp("small")
     idx = build_small_index(locomo_list_path, folder)
-    idx.graph()
+    idx.snapshot().graph()
     save_index(idx, folder / "idx")
     return idx, folder / "idx"
 
@@ -362,13 +364,13 @@ def test_an_index_without_turn_embeddings_or_texts_saves_and_loads(tmp_path,
     for kw in ({"keep_turns": False}, {"keep_turns": False, "keep_text": False}):
         idx = build_small_index(locomo_list_path, tmp_path, **kw)
         back = load_index(save_index(idx, tmp_path / f"idx{len(kw)}"))
-        assert back.turns is None and torch.equal(back.turn_ptr, idx.turn_ptr)
+        assert back.snapshot().turns is None and torch.equal(back.snapshot().turn_ptr, idx.snapshot().turn_ptr)
         turns = [t for s in small_dataset(locomo_list_path).conversations[0].sessions
                  for t in s.turns]
         if "keep_text" in kw:
-            assert back.turn_text is None
+            assert back.snapshot().turn_text is None
         else:
-            assert [back.turn_text[i] for i in range(len(turns))] == turns
+            assert [back.snapshot().turn_text[i] for i in range(len(turns))] == turns
         _same(idx, back)
 
 
@@ -452,8 +454,8 @@ def _straddle(t: dict, char: bytes) -> None:
 
 
 def _two_conversation_index(tmp_path: Path) -> Path:
-    idx = MemoryIndex.from_nodes(torch.randn(5 * 4, 8), [2, 3])
-    idx.graph(device="cpu")
+    idx = index_from_nodes(torch.randn(5 * 4, 8), [2, 3])
+    idx.snapshot().graph(device="cpu")
     return save_index(idx, tmp_path / "two")
 
 
@@ -545,7 +547,7 @@ def test_the_manifest_never_brings_a_regex_that_runs(tmp_path, small):
     try:
         register_token_pattern("word1", custom)
         back = load_index(dst)
-        assert back.lexical.tokenizer.tokens("q z violin") == ["q", "z", "violin"]
+        assert back.snapshot().lexical.tokenizer.tokens("q z violin") == ["q", "z", "violin"]
     finally:
         TOKEN_PATTERNS.pop("word1", None)
     assert Tokenizer(token_pattern="word2").describe() == Tokenizer().describe()

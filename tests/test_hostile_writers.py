@@ -58,7 +58,7 @@ def test_a_save_that_would_not_load_changes_nothing(tmp_path, small, damage):
         meta.session_ids[0] = None
         want = "field 'conversations[0].session_ids[0]': expected a string, got NoneType"
     elif damage == "nan_embedding":
-        idx.gran[0, 1, 2] = float("nan")
+        idx.snapshot().gran[0, 1, 2] = float("nan")
         want = "tensor 'gran': 1 embedding(s) hold NaN"
     else:
         idx.questions[0] = dataclasses.replace(idx.questions[0], text="x\udfff")

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from memgas_gpu.eval import evaluate
-from memgas_gpu.lexical import BM25Params, lexical_signals
+from memgas_gpu.lexical import BM25Params
+
+from _views import question_signals
 from memgas_gpu.retrieve import METHODS, retrieve
 from memgas_gpu.ops import normalise_signals as _normalise
 from memgas_gpu.retrieve import SIGNALS
@@ -32,8 +34,8 @@ def test_bm25_signal_equals_bm25s_per_conversation(locomo_index):
     bm25s = pytest.importorskip("bm25s")
     ds, idx = locomo_index
     conv = ds[0]
-    got = lexical_signals(idx, names=("bm25_S", "bm25_Tmax"), device="cpu")
-    tok = idx.lexical.tokenizer
+    got = question_signals(idx, ("bm25_S", "bm25_Tmax"), device="cpu")
+    tok = idx.snapshot().lexical.tokenizer
     r = bm25s.BM25()
     r.index(tok([s.text for s in conv.sessions]), show_progress=False)
     t = bm25s.BM25()
@@ -54,7 +56,7 @@ def test_bm25_signal_equals_bm25s_per_conversation(locomo_index):
 
 def test_signal_alone_ranks_like_the_raw_signal(locomo_index):
     _, idx = locomo_index
-    raw = lexical_signals(idx, names=("bm25_U",), params=BM25Params(), device="cpu")["bm25_U"]
+    raw = question_signals(idx, ("bm25_U",), params=BM25Params(), device="cpu")["bm25_U"]
     r = retrieve(idx, method="memgas_hybrid", device="cpu",
                  signals=("bm25_U",), fusion="sum", router="uniform")
     top = r.rankings[:, 0]
@@ -95,7 +97,7 @@ def test_every_signal_and_fusion_runs(locomo_index):
 
 def test_lexical_graph_is_symmetric_block_diagonal(locomo_index):
     _, idx = locomo_index
-    indptr, indices = lexical_graph(idx, device="cpu")
+    indptr, indices = lexical_graph(idx.snapshot(), device="cpu")
     n = idx.n_rows * 4
     assert indptr.numel() == n + 1 and indices.numel() > 0
     src = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
@@ -124,9 +126,9 @@ def test_save_load_keeps_lexical_and_turns(locomo_index, tmp_path):
     _, idx = locomo_index
     idx.save(tmp_path / "ix")
     back = MemoryIndex.load(tmp_path / "ix")
-    assert back.lexical.vocab.terms == idx.lexical.vocab.terms
-    assert back.lexical.tokenizer.describe() == idx.lexical.tokenizer.describe()
-    torch.testing.assert_close(back.turns, idx.turns)
+    assert back.snapshot().lexical.vocab.terms == idx.snapshot().lexical.vocab.terms
+    assert back.snapshot().lexical.tokenizer.describe() == idx.snapshot().lexical.tokenizer.describe()
+    torch.testing.assert_close(back.snapshot().turns, idx.snapshot().turns)
     a = retrieve(idx, method="memgas_hybrid", device="cpu")
     b = retrieve(back, method="memgas_hybrid", device="cpu")
     torch.testing.assert_close(a.scores, b.scores)
@@ -137,8 +139,8 @@ def test_index_without_lexical_data_says_so(locomo_index):
 
     _, idx = locomo_index
     bare = MemoryIndex(conversations=idx.conversations, questions=idx.questions,
-                       conv_offsets=idx.conv_offsets, row_slot=idx.row_slot, gran=idx.gran,
-                       concat=None, q_emb=idx.q_emb, q_conv=idx.q_conv, graphs=idx.graphs,
+                       conv_offsets=idx.snapshot().conv_offsets, row_slot=idx.snapshot().row_slot, gran=idx.snapshot().gran,
+                       concat=None, q_emb=idx.q_emb, q_conv=idx.q_conv, graphs=idx.snapshot().graphs,
                        params=idx.params, config={})
     with pytest.raises(ValueError, match="lexical=True"):
         retrieve(bare, method="bm25")
@@ -161,10 +163,10 @@ def test_add_session_extends_lexical_and_turns(locomo_list_path, minilm):
     s = conv.sessions[3]
     grown.add_session(conv.id, s, summary=conv.source_summaries[s.id], keywords="")
     for name in ("bm25_S", "bm25_Tmax", "bm25_Tmean"):
-        a = lexical_signals(grown, names=(name,), device="cpu")[name]
-        b = lexical_signals(ref, names=(name,), device="cpu")[name]
+        a = question_signals(grown, (name,), device="cpu")[name]
+        b = question_signals(ref, (name,), device="cpu")[name]
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grown.turns, ref.turns, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grown.snapshot().turns, ref.snapshot().turns, rtol=1e-4, atol=1e-4)
 
 
 
@@ -177,17 +179,17 @@ def test_extractive_summaries_drop_the_summary_signals(locomo_index):
     from memgas_gpu.retrieve.engine import auto_signals, resolve
 
     _, idx = locomo_index
-    assert auto_signals(idx)[0] == HYBRID_SIGNALS  # LoCoMo's own summaries
-    assert resolve(idx, "memgas_hybrid")[0].signals == HYBRID_SIGNALS
+    assert auto_signals(idx.snapshot())[0] == HYBRID_SIGNALS  # LoCoMo's own summaries
+    assert resolve(idx.snapshot(), "memgas_hybrid")[0].signals == HYBRID_SIGNALS
     off = copy.copy(idx)
     off.config = {**idx.config, "expansion": {**idx.config["expansion"],
                                              "summaries": {"name": "offline",
                                                            "method": "offline"}}}
-    assert auto_signals(off)[0] == HYBRID_EXTRACTIVE_SIGNALS
-    p, info = resolve(off, "memgas_hybrid")
+    assert auto_signals(off.snapshot())[0] == HYBRID_EXTRACTIVE_SIGNALS
+    p, info = resolve(off.snapshot(), "memgas_hybrid")
     assert p.signals == HYBRID_EXTRACTIVE_SIGNALS and "extractive" in info["reason"]
     mine = ("bm25_S", "dense_U")
-    assert resolve(off, "memgas_hybrid", signals=mine)[0].signals == mine
+    assert resolve(off.snapshot(), "memgas_hybrid", signals=mine)[0].signals == mine
     q = range(20)
     a = retrieve(off, questions=q, method="memgas_hybrid", device="cpu")
     assert a.params["signals"] == "+".join(HYBRID_EXTRACTIVE_SIGNALS)

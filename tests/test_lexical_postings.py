@@ -12,7 +12,20 @@ import pytest
 import torch
 
 from memgas_gpu.lexical import (BM25Params, LexicalIndex, Tokenizer, bm25_gather,
-                                bm25_postings, bm25_scores, bm25_weights, lexical_signals)
+                                bm25_postings, bm25_scores, bm25_weights)
+from memgas_gpu.lexical import lexical_signals as _lexical_signals
+from memgas_gpu.retrieve.signals import lexical_specs
+
+NAMES = ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
+
+
+def lexical_signals(view, questions=None, names=NAMES, queries=None, query_conversation=None,
+                    **kw):
+    """The signals of the fake view's questions (or of new ``queries``)."""
+    if queries is None:
+        qi = torch.arange(len(view.questions)) if questions is None else questions
+        queries, query_conversation = view.lexical.queries.rows(qi), view.q_conv[qi]
+    return _lexical_signals(view, queries, query_conversation, lexical_specs(names), **kw)
 
 bm25s = pytest.importorskip("bm25s")
 
@@ -110,8 +123,9 @@ def test_new_queries_with_query_conversation():
                           query_conversation=torch.tensor(convs))
     _check(idx, *texts, got, convs, new, BM25Params())
     assert got["bm25_S"].shape == (3, 5)
-    with pytest.raises(ValueError, match="needs queries"):
-        lexical_signals(idx, query_conversation=torch.tensor([0]))
+    with pytest.raises(ValueError, match="2 entries but queries has 1 rows"):
+        lexical_signals(idx, queries=idx.lexical.encode_queries(new[:1]),
+                        query_conversation=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="out of range"):
         lexical_signals(idx, queries=idx.lexical.encode_queries(new[:1]),
                         query_conversation=torch.tensor([3]))

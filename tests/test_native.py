@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from memgas_gpu.bench.data import index_from_nodes
+
 from memgas_gpu import _native, backend
 from memgas_gpu.ops.gmm1d import first_centre_table
 from memgas_gpu.ops import (association_edges, build_association_graph, gmm1d_accept,
@@ -299,9 +301,9 @@ def test_read_path_matches_torch():
     from memgas_gpu.retrieve import PRESETS, MemoryIndex, QueryBatch
     from memgas_gpu.retrieve.engine import score
 
-    idx = MemoryIndex.from_nodes(E, [60], (indptr, indices))
-    pa, _ = score(idx, QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="torch")
-    pb, _ = score(idx, QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="native")
+    idx = index_from_nodes(E, [60], (indptr, indices))
+    pa, _ = score(idx.snapshot(), QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="torch")
+    pb, _ = score(idx.snapshot(), QueryBatch(q, qc), PRESETS["memgas"], "cpu", backend="native")
     assert (pa - pb).abs().max() <= 1e-12
 
 

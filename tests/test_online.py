@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from memgas_gpu import Conversation, Dataset, Question, load_dataset
-from memgas_gpu.lexical import lexical_signals
+from _views import question_signals
 from memgas_gpu.retrieve import EncoderMismatchError, MemoryIndex, retrieve
 
 pytest.importorskip("Stemmer")
@@ -62,7 +62,7 @@ def keywords(small):
 def _build(ds, minilm, store, keywords):
     idx = MemoryIndex.build(ds, minilm, summaries="source", keywords=keywords, store=store,
                             device="cpu", progress=False)
-    idx.graph(idx.params.__class__(rule="topk", topk=5))
+    idx.snapshot().graph(idx.params.__class__(rule="topk", topk=5))
     return idx
 
 
@@ -70,6 +70,8 @@ def _same_index(a: MemoryIndex, b: MemoryIndex, atol: float = 0.0):
     """Equal indexes: exactly, or embeddings within ``atol`` (the added session is
     encoded in another batch than in the rebuild: float32 differences of ~1e-5)."""
     assert [c.session_ids for c in a.conversations] == [c.session_ids for c in b.conversations]
+    ia, ib = a, b
+    a, b = a.snapshot(), b.snapshot()
     assert torch.equal(a.conv_offsets, b.conv_offsets)
     for key in ("gmm", "topk5"):
         assert torch.equal(a.graphs[key][0], b.graphs[key][0]), key
@@ -80,12 +82,12 @@ def _same_index(a: MemoryIndex, b: MemoryIndex, atol: float = 0.0):
     assert a.turn_text.strings(range(len(a.turn_text))) == \
         b.turn_text.strings(range(len(b.turn_text)))
     names = ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
-    sa = lexical_signals(a, names=names, device="cpu")
-    sb = lexical_signals(b, names=names, device="cpu")
+    sa = question_signals(ia, names, device="cpu")
+    sb = question_signals(ib, names, device="cpu")
     for n in names:
         torch.testing.assert_close(sa[n], sb[n], rtol=0, atol=1e-6)
     for m in METHODS:
-        ra, rb = retrieve(a, method=m, device="cpu"), retrieve(b, method=m, device="cpu")
+        ra, rb = retrieve(ia, method=m, device="cpu"), retrieve(ib, method=m, device="cpu")
         if atol == 0:
             assert torch.equal(ra.rankings, rb.rankings), m
             continue

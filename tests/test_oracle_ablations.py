@@ -33,7 +33,7 @@ def topk_accept_all_edges(emb: np.ndarray, n_gran: int = 4, k: int = 5,
 @pytest.fixture(scope="module")
 def ref(locomo_index):
     _, idx = locomo_index
-    emb = idx.node_embeddings().numpy()
+    emb = idx.snapshot().node_embeddings().numpy()
     n = idx.n_rows * 4
     sess = np.repeat(np.arange(idx.n_rows), 4)
     graphs = {"gmm": reference_build_graph(emb, sess, m=30, skip_sessions=5),

@@ -37,7 +37,7 @@ def grown_and_rebuilt():
     for s in GRAPH_SETTINGS:
         grown.retrieve(method="memgas_hybrid", device="cpu", **s)
     new = ds_full[0].sessions[-1]
-    tok = grown.lexical.tokenizer
+    tok = grown.snapshot().lexical.tokenizer
     seen = {t for s in ds_small[0].sessions for t in tok(s.text)}
     assert {"ate", "gone"} <= set(tok(NEW_TERMS_QUESTION)) - seen
     assert {"ate", "gone"} <= set(tok(new.text))

@@ -225,7 +225,7 @@ def small():
     sess = np.repeat(np.arange(len(conv.sessions)), 4)
     dense = reference_edges(dense_node_vectors(conv, enc, summ, keyw), sess, m=30,
                             skip_sessions=SKIP)
-    lexical = reference_edges(lexical_node_vectors(conv, idx.lexical.tokenizer, summ, keyw)
+    lexical = reference_edges(lexical_node_vectors(conv, idx.snapshot().lexical.tokenizer, summ, keyw)
                               .astype(np.float32), sess, m=30, skip_sessions=SKIP)
     assert len(dense) > 10 and len(lexical) > 10
     assert set(dense) != set(lexical)

@@ -85,7 +85,7 @@ def _bm25_expected(conv, tok, summaries, keywords):
 
 def test_bm25_signals_equal_bm25s_small(small):
     conv, summ, keyw, _, idx = small
-    tok = idx.lexical.tokenizer
+    tok = idx.snapshot().lexical.tokenizer
     want = _bm25_expected(conv, tok, [summ.texts[s.id] for s in conv.sessions],
                           [keyw.texts[s.id] for s in conv.sessions])
     # the U and K documents differ, and so do Tmax and Tmean: a swap is visible
@@ -103,7 +103,7 @@ def test_bm25_signals_equal_bm25s_locomo(locomo_index):
     ds, idx = locomo_index
     conv = ds[0]
     exp = expand_dataset(ds, summaries="source")
-    want = _bm25_expected(conv, idx.lexical.tokenizer, exp.summaries[conv.id],
+    want = _bm25_expected(conv, idx.snapshot().lexical.tokenizer, exp.summaries[conv.id],
                           exp.keywords[conv.id])
     for name, w in want.items():
         np.testing.assert_allclose(_signal(idx, name), w, rtol=1e-4, atol=1e-4, err_msg=name)

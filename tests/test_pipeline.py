@@ -28,10 +28,10 @@ def test_granularity_embeddings_follow_reference(locomo_index, minilm):
     conv = ds[0]
     s = conv.sessions[3]
     turns = minilm.encode(list(s.turns))
-    slot = int(idx.row_slot[3])
-    torch.testing.assert_close(idx.gran[slot, 1], turns.mean(0), atol=1e-5, rtol=0)
-    torch.testing.assert_close(idx.gran[slot, 0], minilm.encode(s.text), atol=1e-5, rtol=0)
-    torch.testing.assert_close(idx.gran[slot, 2],
+    slot = int(idx.snapshot().row_slot[3])
+    torch.testing.assert_close(idx.snapshot().gran[slot, 1], turns.mean(0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(idx.snapshot().gran[slot, 0], minilm.encode(s.text), atol=1e-5, rtol=0)
+    torch.testing.assert_close(idx.snapshot().gran[slot, 2],
                                minilm.encode(conv.source_summaries[s.id]), atol=1e-5, rtol=0)
     assert idx.config["expansion"]["summaries"]["name"] == "source"
     assert idx.config["expansion"]["keywords"]["name"] == "offline"
@@ -39,13 +39,13 @@ def test_granularity_embeddings_follow_reference(locomo_index, minilm):
 
 def test_pipeline_edges_and_rankings_match_reference(locomo_index):
     ds, idx = locomo_index
-    node_emb = idx.node_embeddings().numpy()
+    node_emb = idx.snapshot().node_embeddings().numpy()
     sess = np.repeat(np.arange(idx.n_rows), 4)
     ref = reference_edges(node_emb, sess, m=30, skip_sessions=5)
     ref_out = {}
     for a, b in ref:
         ref_out.setdefault(a, set()).add(b)
-    indptr, indices = idx.graph()
+    indptr, indices = idx.snapshot().graph()
     n = idx.n_rows * 4
     same = 0
     for v in range(n):
@@ -71,12 +71,12 @@ def test_flat_methods_are_plain_dot_products(locomo_index):
     ds, idx = locomo_index
     for method, g in (("session", 0), ("turn", 1), ("summary", 2), ("keyword", 3)):
         r = retrieve(idx, method=method, device="cpu")
-        expect = idx.q_emb @ idx.gran[idx.row_slot, g].T
+        expect = idx.q_emb @ idx.snapshot().gran[idx.snapshot().row_slot, g].T
         torch.testing.assert_close(r.scores, expect, atol=1e-5, rtol=0)
         assert r.rankings[0].tolist() == torch.argsort(expect[0], descending=True,
                                                        stable=True).tolist()
     r = retrieve(idx, method="concat", device="cpu")
-    torch.testing.assert_close(r.scores, idx.q_emb @ idx.concat[idx.row_slot].T, atol=1e-5,
+    torch.testing.assert_close(r.scores, idx.q_emb @ idx.snapshot().concat[idx.snapshot().row_slot].T, atol=1e-5,
                                rtol=0)
 
 
@@ -92,7 +92,7 @@ def test_every_method_runs_and_ablations_differ(locomo_index):
     assert not torch.equal(results["memgas"].scores, results["no_ppr"].scores)
     assert not torch.equal(results["memgas"].scores, results["no_router"].scores)
     assert not torch.equal(results["memgas"].scores, results["no_gmm"].scores)
-    assert "topk5" in idx.graphs and "gmm" in idx.graphs
+    assert "topk5" in idx.snapshot().graphs and "gmm" in idx.snapshot().graphs
     # the one_minus router (authors' code) is a different weighting
     om = retrieve(idx, method="memgas", device="cpu", router="one_minus")
     assert not torch.equal(om.scores, results["memgas"].scores)
@@ -102,7 +102,7 @@ def test_every_method_runs_and_ablations_differ(locomo_index):
 
 def test_save_load_roundtrip(tmp_path, locomo_index):
     ds, idx = locomo_index
-    idx.graph()
+    idx.snapshot().graph()
     out = idx.save(tmp_path / "idx")
     back = MemoryIndex.load(out)
     for m in ("memgas", "session", "no_gmm"):
@@ -133,15 +133,15 @@ def test_add_session_equals_rebuild(locomo_index, minilm):
     # same U/K texts as the full build: give the small index the full expansion's texts
     grown = MemoryIndex.build(head, minilm, summaries="source", keywords=_Fixed(exp, conv.id),
                               device="cpu", progress=False)
-    grown.graph(grown.params.__class__(rule="topk", topk=5))
+    grown.snapshot().graph(grown.params.__class__(rule="topk", topk=5))
     for i in (len(conv.sessions) - 2, len(conv.sessions) - 1):
         grown.add_session(conv.id, conv.sessions[i], summary=exp.summaries[conv.id][i],
                           keywords=exp.keywords[conv.id][i])
-    full.graph(full.params.__class__(rule="topk", topk=5))
+    full.snapshot().graph(full.params.__class__(rule="topk", topk=5))
     for key in ("gmm", "topk5"):
-        assert torch.equal(grown.graphs[key][0], full.graphs[key][0]), key
-        assert torch.equal(grown.graphs[key][1], full.graphs[key][1]), key
-    torch.testing.assert_close(grown.gran[grown.row_slot], full.gran[full.row_slot],
+        assert torch.equal(grown.snapshot().graphs[key][0], full.snapshot().graphs[key][0]), key
+        assert torch.equal(grown.snapshot().graphs[key][1], full.snapshot().graphs[key][1]), key
+    torch.testing.assert_close(grown.snapshot().gran[grown.snapshot().row_slot], full.snapshot().gran[full.snapshot().row_slot],
                                atol=1e-5, rtol=0)
     a = retrieve(grown, method="memgas", device="cpu")
     b = retrieve(full, method="memgas", device="cpu")
@@ -179,7 +179,7 @@ def test_edge_cases(minilm):
                         [Question("q3", "figs", evidence_session_ids=("s5",))])
     ds = Dataset([few, many], format="test")
     idx = MemoryIndex.build(ds, minilm, device="cpu", progress=False)
-    indptr, indices = idx.graph()
+    indptr, indices = idx.snapshot().graph()
     # < 5 sessions: no edges; nodes fewer than m=30 and alpha=15 still work
     assert int(indptr[12]) == 0
     assert int(indptr[-1]) > 0
@@ -195,7 +195,7 @@ def test_edge_cases(minilm):
     assert r.rankings[2, 0].item() == 5  # "figs" → s5
     # a zero vector does not crash the graph step; a NaN query is refused by name, never
     # ranked in haystack order, and the other questions still rank
-    idx.gran[idx.row_slot[4], 2] = 0.0
+    idx.snapshot().gran[idx.snapshot().row_slot[4], 2] = 0.0
     before = retrieve(idx, method="memgas", device="cpu", questions=[1, 2])
     assert torch.isfinite(before.scores[0, :3]).all() and torch.isfinite(before.scores[1]).all()
     idx.q_emb[0] = float("nan")

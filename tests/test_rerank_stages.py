@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from memgas_gpu.lexical import BM25Params, TermMatrix, lexical_signals
+from memgas_gpu.lexical import BM25Params, TermMatrix
+
+from _views import question_signals
 
 from _benchmarks import load_benchmark
 
@@ -152,7 +154,7 @@ def test_feedback_weights_uniform_and_softmax_over_top_m():
 def test_term_scores_sum_to_the_bm25_signals(locomo_index):
     _, idx = locomo_index
     qi = torch.arange(len(idx.questions))
-    got = lexical_signals(idx, qi, ("bm25_S", "bm25_U"), BM25Params(), device="cpu")
+    got = question_signals(idx, ("bm25_S", "bm25_U"), qi, params=BM25Params(), device="cpu")
     for g, name in (("S", "bm25_S"), ("U", "bm25_U")):
         ts, mask = query_term_scores(idx, qi, g, device="cpu")
         assert torch.allclose(ts.sum(1), got[name], rtol=1e-4, atol=1e-4)
@@ -163,15 +165,15 @@ def test_turn_term_scores_are_the_best_turn_of_a_one_term_query(locomo_index):
     bm25s = pytest.importorskip("bm25s")
     ds, idx = locomo_index
     conv = ds[0]
-    tok = idx.lexical.tokenizer
+    tok = idx.snapshot().lexical.tokenizer
     turns = [tok(x) for s in conv.sessions for x in s.turns]
     r = bm25s.BM25()
     r.index(turns, show_progress=False)
     owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
     qi = torch.arange(12)
     ts, mask = query_term_scores(idx, qi, "T", device="cpu")
-    vocab = idx.lexical.vocab.terms
-    qm = idx.lexical.queries.rows(qi)
+    vocab = idx.snapshot().lexical.vocab.terms
+    qm = idx.snapshot().lexical.queries.rows(qi)
     for i in range(12):
         a, b = int(qm.indptr[i]), int(qm.indptr[i + 1])
         for j, (t, tf) in enumerate(zip(qm.indices[a:b].tolist(), qm.tf[a:b].tolist())):

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from memgas_gpu.bench.data import index_from_nodes
+
 from memgas_gpu.ops import (build_association_graph, memgas_session_scores,
                             seed_scores)
 
@@ -108,9 +110,9 @@ def packed_scores(Q, qconv, E, sizes, graph, device="cpu", **kw):
         settings["fusion"] = "seeds"
     if kw.get("use_router") is False:
         settings["router"] = "uniform"
-    idx = MemoryIndex.from_nodes(E, sizes, graph)
-    p, _ = resolve(idx, "memgas", **settings)
-    scores, n = score(idx, QueryBatch(Q, qconv), p, device)
+    idx = index_from_nodes(E, sizes, graph)
+    p, _ = resolve(idx.snapshot(), "memgas", **settings)
+    scores, n = score(idx.snapshot(), QueryBatch(Q, qconv), p, device)
     valid = torch.arange(scores.shape[1])[None, :] < n[:, None]
     return scores.masked_fill(~valid.to(scores.device), 0.0), valid
 

@@ -68,13 +68,13 @@ def _rankings(idx, methods=("memgas", "memgas_hybrid", "bm25")):
 def _same(idx, ref, atol=1e-5):
     assert [x.session_ids for x in idx.conversations] == \
         [x.session_ids for x in ref.conversations]
-    assert torch.equal(idx.row_slot, ref.row_slot)
-    assert torch.equal(idx.turn_ptr, ref.turn_ptr)
-    assert torch.equal(idx.graphs["gmm"][0], ref.graphs["gmm"][0])
-    assert torch.equal(idx.graphs["gmm"][1], ref.graphs["gmm"][1])
-    torch.testing.assert_close(idx.gran, ref.gran, rtol=0, atol=atol)
-    assert idx.turn_text.strings(range(len(idx.turn_text))) == \
-        ref.turn_text.strings(range(len(ref.turn_text)))
+    assert torch.equal(idx.snapshot().row_slot, ref.snapshot().row_slot)
+    assert torch.equal(idx.snapshot().turn_ptr, ref.snapshot().turn_ptr)
+    assert torch.equal(idx.snapshot().graphs["gmm"][0], ref.snapshot().graphs["gmm"][0])
+    assert torch.equal(idx.snapshot().graphs["gmm"][1], ref.snapshot().graphs["gmm"][1])
+    torch.testing.assert_close(idx.snapshot().gran, ref.snapshot().gran, rtol=0, atol=atol)
+    assert idx.snapshot().turn_text.strings(range(len(idx.snapshot().turn_text))) == \
+        ref.snapshot().turn_text.strings(range(len(ref.snapshot().turn_text)))
 
 
 def test_growable_appends_are_amortized():
@@ -189,7 +189,7 @@ def test_huge_topk_is_capped_by_the_data(three, tiny, tmp_path):
         retrieve(idx, method="memgas", alpha=10 ** 7, device="cpu")
     idx.save(tmp_path / "ix")  # the graphs of every accepted setting can be saved
     back = MemoryIndex.load(tmp_path / "ix")
-    assert f"topk{MAX_SETTING}" in back.graphs
+    assert f"topk{MAX_SETTING}" in back.snapshot().graphs
     assert torch.equal(retrieve(back, method="no_gmm", topk=every, device="cpu").rankings,
                        b.rankings)
 
@@ -201,14 +201,15 @@ def test_write_replaces_only_its_conversation(three, tiny):
     for c in three:
         idx.search(c.id, ["what did they talk about?"], encoder=tiny)
     before = idx.state()
-    views = {c.id: idx.view([before.position(c.id)]) for c in three}
+    views = {c.id: idx.view([c.id]) for c in three}
     new = three[0].sessions[-1]
     _add(idx, three[1].id, Session("extra-1", new.date, new.turns))
     after = idx.state()
     assert after is not before and before.segments[1] is not after.segments[1]
     assert after.segments[0] is before.segments[0] and after.segments[2] is before.segments[2]
-    assert idx.view([0]) is views[three[0].id] and idx.view([2]) is views[three[2].id]
-    assert idx.view([1]) is not views[three[1].id]
+    assert idx.view([three[0].id]) is views[three[0].id]
+    assert idx.view([three[2].id]) is views[three[2].id]
+    assert idx.view([three[1].id]) is not views[three[1].id]
     # the old state still reads as it was
     assert before.segments[1].meta.session_ids == [s.id for s in three[1].sessions]
 
@@ -243,7 +244,7 @@ def test_shared_session_is_stored_once(three, tiny):
     _add(idx, three[2].id, s)  # the same session (id and turns) in another conversation
     assert idx.snapshot().tables.n_slots == n  # no second copy, as in a build
     assert idx.conversations[2].session_ids[-1] == s.id
-    rs, offs = idx.row_slot, idx.conv_offsets
+    rs, offs = idx.snapshot().row_slot, idx.snapshot().conv_offsets
     assert int(rs[offs[3] - 1]) == int(rs[offs[1] - 1])
 
 

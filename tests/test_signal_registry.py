@@ -50,7 +50,7 @@ def _oracle(idx, conv, minilm, sessions):
     texts = [first_turn(s, "", "") for s in sessions]
     x = minilm.encode(texts).float()
     dense = idx.q_emb.float() @ x.T
-    tok = idx.lexical.tokenizer
+    tok = idx.snapshot().lexical.tokenizer
     r = bm25s.BM25()
     r.index([tok(t) for t in texts], show_progress=False)
     lex = []
@@ -64,7 +64,7 @@ def test_registered_signals_live_through_build_add_save_load(signals, conv, mini
     head = Conversation(conv.id, conv.sessions[:-1], conv.questions, conv.source_summaries)
     idx = MemoryIndex.build(Dataset([head]), minilm, summaries="source", device="cpu",
                             progress=False)
-    assert set(signals) <= set(available(idx))
+    assert set(signals) <= set(available(idx.snapshot()))
     last = conv.sessions[-1]
     idx.add_session(conv.id, last, summary=conv.source_summaries.get(last.id, ""))
     dense, lex = _oracle(idx, conv, minilm, conv.sessions)
@@ -72,7 +72,7 @@ def test_registered_signals_live_through_build_add_save_load(signals, conv, mini
     torch.testing.assert_close(_flat(idx, "bm25_first"), lex, atol=1e-4, rtol=1e-4)
     idx.save(tmp_path / "ix")
     back = MemoryIndex.load(tmp_path / "ix")
-    assert set(signals) <= set(available(back))
+    assert set(signals) <= set(available(back.snapshot()))
     for name in signals:
         torch.testing.assert_close(_flat(back, name), _flat(idx, name), atol=1e-6, rtol=0)
     r = retrieve(back, method="memgas_hybrid", device="cpu",
@@ -93,7 +93,7 @@ def test_an_index_without_the_signal_says_so(conv, minilm, signals):
                             progress=False)
     register("dense_first", "T", "dense", text=first_turn)
     register("bm25_first", "T", "lexical", text=first_turn)
-    assert "dense_first" not in available(idx) and "bm25_first" not in available(idx)
+    assert "dense_first" not in available(idx.snapshot()) and "bm25_first" not in available(idx.snapshot())
     with pytest.raises(ValueError, match="does not store"):
         _flat(idx, "dense_first")
     with pytest.raises(ValueError, match="no lexical documents"):

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Haystacks", "make_haystacks", "make_queries", "make_terms", "synthetic_texts"]
+__all__ = ["Haystacks", "make_haystacks", "make_queries", "make_terms", "synthetic_texts",
+           "index_from_nodes"]
 
 N_GRAN = 4
 
@@ -181,3 +182,35 @@ def synthetic_texts(n: int, turns: int = 6, words: int = 40, seed: int = 0,
         out.append(s.text)
         out.extend(s.turns)
     return out[:n]
+
+
+def index_from_nodes(node_emb: Tensor, sessions_per_conversation, graph=None, params=None):
+    """A bare :class:`~memgas_gpu.retrieve.MemoryIndex` over precomputed node embeddings
+    (the benchmarks' haystacks: no texts, no lexical data).
+
+    Args:
+        node_emb: ``[n_rows * N_GRAN, d]`` interleaved node embeddings (node
+            ``N_GRAN*row + g``), conversations one after the other.
+        sessions_per_conversation: session count of each conversation.
+        graph: optional ``(indptr, indices)`` association graph (else built on use); its
+            tensors (and device) serve the whole index's view as given.
+        params: the graph's settings (default ``GraphParams()``).
+    """
+    from ..retrieve import MemoryIndex
+    from ..retrieve.meta import ConversationMeta, GraphParams
+
+    sizes = torch.as_tensor(list(sessions_per_conversation), dtype=torch.long)
+    n_rows = int(sizes.sum())
+    d = node_emb.shape[-1]
+    p = params or GraphParams()
+    metas = [ConversationMeta(str(c), [str(i) for i in range(int(k))], [""] * int(k))
+             for c, k in enumerate(sizes.tolist())]
+    return MemoryIndex(conversations=metas, questions=[],
+                       conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long),
+                                               sizes.cumsum(0)]),
+                       row_slot=torch.arange(n_rows),  # metadata stays on the CPU
+                       gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
+                       q_emb=node_emb.new_zeros(0, d),
+                       q_conv=torch.zeros(0, dtype=torch.long),
+                       graphs={p.key(): graph} if graph is not None else {}, params=p,
+                       config={})

@@ -81,7 +81,7 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
                        gran=_unit(g, S, N_GRAN, d), concat=None,
                        q_emb=torch.zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
                        graphs={}, params=GraphParams(), config={})
-    ip, ix = build_graph(base.snapshot(), base.params, device="cpu", progress=False)
+    ip, ix = build_graph(base.view(), base.params, device="cpu", progress=False)
     nnz = int(ix.numel())
     graph = (torch.cat([ip[:1]] + [ip[1:] + c * nnz for c in range(C)]),
              torch.cat([ix + c * S * N_GRAN for c in range(C)]))
@@ -89,7 +89,7 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
     idx = MemoryIndex(
         conversations=metas, questions=[],
         conv_offsets=torch.arange(0, C * S + 1, S), row_slot=torch.arange(C * S),
-        gran=base.gran.repeat(C, 1, 1), concat=_unit(g, C * S, d),
+        gran=base.view().gran.repeat(C, 1, 1), concat=_unit(g, C * S, d),
         q_emb=torch.zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
         graphs={"gmm": graph}, params=GraphParams(),
         config={"encoder": enc.describe(), "encoder_fingerprint": enc.fingerprint,
@@ -110,6 +110,7 @@ def haystack_index(n_haystacks: int, n_sessions: int, pool: int, enc, seed: int 
     from ..retrieve.graphs import build_graph
     from ..retrieve.meta import ConversationMeta, GraphParams
     from ..retrieve.texts import TextTable
+    from .data import index_from_nodes
 
     ds = _template(pool, seed, turns=4, words=20)
     sessions = ds[0].sessions
@@ -123,8 +124,8 @@ def haystack_index(n_haystacks: int, n_sessions: int, pool: int, enc, seed: int 
                               [sessions[j].date for j in r]) for h, r in enumerate(rows)]
     counts = torch.tensor([len(s.turns) for s in sessions])
     gran = _unit(g, pool, N_GRAN, d)
-    first = MemoryIndex.from_nodes(gran[torch.tensor(rows[0])].reshape(-1, d), [n_sessions])
-    ip, ix = build_graph(first.snapshot(), first.params, device="cpu", progress=False)
+    first = index_from_nodes(gran[torch.tensor(rows[0])].reshape(-1, d), [n_sessions])
+    ip, ix = build_graph(first.view(), first.params, device="cpu", progress=False)
     nnz, per = int(ix.numel()), n_sessions * N_GRAN
     H = n_haystacks
     graph = (torch.cat([ip[:1]] + [ip[1:] + h * nnz for h in range(H)]),

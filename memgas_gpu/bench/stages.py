@@ -76,17 +76,18 @@ def graph_runner(h: Haystacks) -> Callable[[], tuple]:
 def query_runner(h: Haystacks, graph: tuple, q: torch.Tensor, qconv: torch.Tensor
                  ) -> Callable[[], torch.Tensor]:
     """``f()`` -> ``[Q, N]`` rankings: routing + PPR + ranking of every question at once."""
-    from ..retrieve import MemoryIndex, PRESETS, QueryBatch
+    from ..retrieve import PRESETS, QueryBatch
     from ..retrieve.engine import score
+    from .data import index_from_nodes
 
     dev = h.node_emb.device
-    idx = MemoryIndex.from_nodes(h.node_emb, [h.n_sessions] * h.n_conv,
-                                 (graph[0].to(dev), graph[1].to(dev)))
+    view = index_from_nodes(h.node_emb, [h.n_sessions] * h.n_conv,
+                            (graph[0].to(dev), graph[1].to(dev))).view()
     batch = QueryBatch(q, qconv)
     p = PRESETS["memgas"]
 
     def run():
-        sc, n = score(idx, batch, p, str(dev))
+        sc, n = score(view, batch, p, str(dev))
         return ops.rank_sessions(sc, n)
 
     return run

@@ -140,8 +140,12 @@ def _touch(tensors) -> None:
 
 
 def _index_tensors(idx) -> list:
-    return [idx.conv_offsets, idx.row_slot, idx.gran, idx.concat, idx.q_emb, idx.q_conv,
-            *[x for g in idx.graphs.values() for x in g]]
+    from ..retrieve.meta import GraphParams
+
+    v = idx.snapshot()
+    return [v.conv_offsets, v.row_slot, v.gran, v.concat, idx.q_emb, idx.q_conv,
+            *[x for k in sorted(idx.saved_graph_keys(v))
+              for x in v.graph(GraphParams.from_key(k, v.params))]]
 
 
 def io_point(n_conv: int, n_sessions: int, dim: int, tmp: str, *, rounds: int = 3,

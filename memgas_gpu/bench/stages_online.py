@@ -56,7 +56,7 @@ def search_index(n_sessions: int, enc, seed: int = 0):
         config={"encoder": enc.describe(), "encoder_fingerprint": enc.fingerprint,
                 "expansion": exp.config},
         turns=unit(n_turns), turn_ptr=turn_ptr)
-    idx.graph(device="cpu")  # the MemGAS graph, built once (as MemoryIndex.build does)
+    idx.view().graph(device="cpu")  # the MemGAS graph, built once (as build does)
     return idx, conv.id
 
 
@@ -82,7 +82,8 @@ def search_point(enc, n_sessions: int = 500, calls: int = 100, method: str = "me
                                                     "concert", "recipe"] * (calls + 3))]
     for q in questions[:3]:  # warm-up: model, tokenizer, graph caches
         idx.search(cid, [q], k=10, method=method, encoder=enc, device=dev)
-    p, _ = resolve(idx, method)
+    view = idx.view()
+    p, _ = resolve(view, method)
     size = {"sessions": n_sessions, "method": method,
             "threads": torch.get_num_threads()}
     e2e, encode, scoring = [], [], []
@@ -95,8 +96,8 @@ def search_point(enc, n_sessions: int = 500, calls: int = 100, method: str = "me
         encode.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         batch = QueryBatch(emb.float(), torch.zeros(1, dtype=torch.long),
-                           idx.lexical.encode_queries([q]))
-        score(idx, batch, p, dev)
+                           view.lexical.encode_queries([q]))
+        score(view, batch, p, dev)
         scoring.append(time.perf_counter() - t0)
     recs = [_percentiles("end to end", e2e, size, "encode + signals + fusion + rank + "
                          "evidence turns"),

@@ -101,7 +101,7 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
         if save_index:
             idx.save(save_index)
     for method in dict.fromkeys(methods):  # refuse bad settings before any work
-        resolve(idx, method, **settings)
+        resolve(idx.view(), method, **settings)
     ray_address = opts.get("ray_address")
     if ray_address:
         from ..distributed import retrieve_ray

@@ -22,7 +22,7 @@ def index(data, out, **opts) -> None:
     idx.save(out)
     t = idx.config.get("timings", {})
     enc = idx.config["encoding"]["sessions_and_texts"]
-    indptr, _ = idx.graph()
+    indptr, _ = idx.view().graph()
     click.echo(f"wrote {out}: {idx.n_conversations} conversations, {idx.n_rows} sessions, "
                f"{len(idx.questions)} questions, {int(indptr[-1]) // 2} edges; "
                f"{enc['distinct']} distinct texts of {enc['texts']}; "

@@ -18,7 +18,7 @@ import torch
 from ..retrieve.engine import (HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
                                finish, resolve, time_cue)
 from ..retrieve.graphs import read_graph
-from ..retrieve.search import Retrieval, question_batch
+from ..retrieve.search import Retrieval
 from ..retrieve.signals import SIGNALS, SignalContext, available, compute_signals, query_layout
 from .. import ops
 from .runner import evaluate
@@ -97,12 +97,11 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
     if "stopwords" in grid and dataset is None:
         raise SettingsError("a stopwords grid needs the dataset (DATA), not an index")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    qi = torch.arange(len(index.questions))
-    batch = question_batch(index, qi)
-    lay = query_layout(index.conv_offsets, batch.q_conv)
+    view, batch, qi = index.question_view()
+    lay = query_layout(view.conv_offsets, batch.q_conv)
     scored = torch.tensor([not q.is_abstention for q in index.questions], dtype=torch.bool)
-    names = available(index, signal_set("all"))
-    cue = time_cue(index, batch, lay, dev)
+    names = available(view, signal_set("all"))
+    cue = time_cue(view, batch, lay, dev)
     bm25_axes = [k for k in BM25_KEYS if k in grid]
     fuse_axes = [k for k in grid if k not in BM25_KEYS]
     results = []
@@ -125,8 +124,8 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
         lexb = batch
         if lexical is not None:
             lexb = type(batch)(batch.q_emb, batch.q_conv, lexical.queries.rows(qi))
-        base = resolve(index, method)[0]
-        ctx = SignalContext(index, lexb, lay, dev, bp.get("k1", base.k1), bp.get("b", base.b),
+        base = resolve(view, method)[0]
+        ctx = SignalContext(view, lexb, lay, dev, bp.get("k1", base.k1), bp.get("b", base.b),
                             bp.get("bm25_method", base.bm25_method), lexical,
                             bp.get("speaker_gamma", base.speaker_gamma))
         return compute_signals(ctx, which)
@@ -142,18 +141,18 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
         X = signals(bp, lexical, names)
         if baselines:
             for j, name in enumerate(names):
-                p = resolve(index, "bm25", signals=(name,))[0]
-                s, n = finish(index, X[:, j:j + 1], lay, p, dev, None)
+                p = resolve(view, "bm25", signals=(name,))[0]
+                s, n = finish(view, X[:, j:j + 1], lay, p, dev, None)
                 record({**bset, "signals": name, "baseline": True},
                        _evaluate(index, qi, s, n, ks))
         for fvals in itertools.product(*(grid[k] for k in fuse_axes)):
             fset = dict(zip(fuse_axes, fvals))
-            p, _ = resolve(index, method, **{**fset, **bp})
+            p, _ = resolve(view, method, **{**fset, **bp})
             missing = [s for s in p.signals if s not in names]
             if missing:
                 raise SettingsError(f"this index cannot compute signal(s) {missing}")
             cols = [names.index(s) for s in p.signals]
-            s, n = finish(index, X[:, cols], lay, p, dev, _sweep_graph(index, p, dev, lexical),
+            s, n = finish(view, X[:, cols], lay, p, dev, _sweep_graph(view, p, dev, lexical),
                           cue=cue)
             settings = {**bset, **fset}
             if "signals" in settings:
@@ -165,17 +164,17 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
         from ..lexical import Tokenizer
 
         lexical = relex(index, dataset, expansion, Tokenizer())
-        p = resolve(index, "bm25")[0]
-        s, n = finish(index, signals({}, lexical, ("bm25_S",)), lay, p, dev, None)
+        p = resolve(view, "bm25")[0]
+        s, n = finish(view, signals({}, lexical, ("bm25_S",)), lay, p, dev, None)
         record({"signals": PLAIN_BM25, "baseline": True}, _evaluate(index, qi, s, n, ks))
     return results
 
 
-def _sweep_graph(index, p: ReadParams, dev, lexical):
+def _sweep_graph(view, p: ReadParams, dev, lexical):
     if lexical is not None and p.fusion == "ppr" and p.graph in ("lexical", "both"):
         raise SettingsError("a stopwords grid with a lexical graph is not supported: the "
                             "lexical graph uses the index's own tokenizer")
-    return read_graph(index, p, dev)
+    return read_graph(view, p, dev)
 
 
 def rank(rows: list, by: str, ks: Sequence[int]) -> list:

@@ -31,14 +31,7 @@ from torch import Tensor
 
 from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 
-__all__ = ["LEXICAL_SIGNALS", "BUILTIN_SPECS", "BM25Params", "GranularityPostings",
-           "lexical_signals", "lexical_postings"]
-
-LEXICAL_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_Tmean", "bm25_U", "bm25_K")
-#: ``{name: (document set, how a session's documents combine)}`` of the built-in signals
-#: (the signal registry, :mod:`memgas_gpu.retrieve.signals`, passes its own)
-BUILTIN_SPECS = {"bm25_S": ("S", "sum"), "bm25_Tmax": ("T", "max"),
-                 "bm25_Tmean": ("T", "mean"), "bm25_U": ("U", "sum"), "bm25_K": ("K", "sum")}
+__all__ = ["BM25Params", "GranularityPostings", "lexical_signals", "lexical_postings"]
 
 
 @dataclass
@@ -152,62 +145,46 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
     return got
 
 
-def lexical_signals(index, questions: Optional[Tensor] = None,
-                    names: Sequence[str] = LEXICAL_SIGNALS, params: Optional[BM25Params] = None,
-                    device: Optional[str] = None, max_nnz: int = 1 << 24,
-                    queries=None, query_conversation: Optional[Tensor] = None,
-                    lexical=None, specs: Optional[dict] = None) -> dict:
+def lexical_signals(view, queries, query_conversation: Tensor, specs: dict,
+                    params: Optional[BM25Params] = None, device: Optional[str] = None,
+                    max_nnz: int = 1 << 24, lexical=None) -> dict:
     """BM25 signals ``{name: [Q, N_max] float32}`` (0 where no term matches; padding
     past a conversation's end is 0 too: mask it with the session counts).
 
     Args:
-        index: a MemoryIndex built with ``lexical=True``.
-        questions: ``[Q]`` indices into ``index.questions`` (default all).
-        names: signals to compute (subset of :data:`LEXICAL_SIGNALS`).
+        view: the conversations (a :class:`~memgas_gpu.retrieve.segments.View` built
+            with lexical data).
+        queries: a :class:`~memgas_gpu.lexical.terms.TermMatrix`, one row per query.
+        query_conversation: ``[Q]`` position in ``view`` of each query's conversation.
+        specs: ``{name: (document set, reduce)}`` of the signals to compute (the signal
+            registry's :func:`~memgas_gpu.retrieve.signals.lexical_specs`; ``reduce``:
+            ``"sum"``, ``"max"`` or ``"mean"`` over a session's documents).
         params: :class:`BM25Params`.
         device: where to compute (default: CUDA if available).
         max_nnz: document terms per conversation chunk when the postings are built.
-        queries: optional :class:`~memgas_gpu.lexical.terms.TermMatrix` replacing the
-            stored question terms (row j for ``questions[j]``, or for
-            ``query_conversation[j]``).
-        query_conversation: ``[Q]`` conversation index of each row of ``queries``, for
-            questions that are not in the index (needs ``queries``; ``questions`` is then
-            ignored).
         lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
-            ``index.lexical`` (same distinct sessions, e.g. another tokenizer); its own
+            ``view.lexical`` (same distinct sessions, e.g. another tokenizer); its own
             postings cache is used.
-        specs: ``{name: (document set, reduce)}`` for signals beyond
-            :data:`BUILTIN_SPECS` (``reduce``: ``"sum"``, ``"max"`` or ``"mean"`` over a
-            session's documents).
     """
-    lex = lexical if lexical is not None else getattr(index, "lexical", None)
+    index = view
+    lex = lexical if lexical is not None else view.lexical
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
-    spec = {**BUILTIN_SPECS, **(specs or {})}
-    bad = [n for n in names if n not in spec]
-    if bad:
-        raise ValueError(f"unknown lexical signal(s) {bad}; choose from {tuple(spec)}")
+    names = list(specs)
+    spec = specs
     missing = sorted({spec[n][0] for n in names} - set(lex.docs))
     if missing:
         raise ValueError(f"this index stores no lexical documents {missing} (signals "
                          f"{[n for n in names if spec[n][0] in missing]})")
     p = params or BM25Params()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if query_conversation is not None:
-        if queries is None:
-            raise ValueError("query_conversation needs queries= (their term counts)")
-        conv = torch.as_tensor(query_conversation, dtype=torch.long).cpu()
-        if conv.numel() != queries.n_rows:
-            raise ValueError(f"query_conversation has {conv.numel()} entries but queries "
-                             f"has {queries.n_rows} rows")
-        if conv.numel() and (int(conv.min()) < 0 or int(conv.max()) >= index.n_conversations):
-            raise ValueError(f"query_conversation out of range [0, {index.n_conversations})")
-        qmat = queries
-    else:
-        qi = (torch.arange(len(index.questions)) if questions is None
-              else torch.as_tensor(questions, dtype=torch.long))
-        conv = index.q_conv[qi]
-        qmat = queries if queries is not None else lex.queries.rows(qi)
+    conv = torch.as_tensor(query_conversation, dtype=torch.long).cpu()
+    if conv.numel() != queries.n_rows:
+        raise ValueError(f"query_conversation has {conv.numel()} entries but queries "
+                         f"has {queries.n_rows} rows")
+    if conv.numel() and (int(conv.min()) < 0 or int(conv.max()) >= view.n_conversations):
+        raise ValueError(f"query_conversation out of range [0, {view.n_conversations})")
+    qmat = queries
     sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
     n = sizes[conv]
     n_max = int(n.max()) if n.numel() else 0

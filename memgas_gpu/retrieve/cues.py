@@ -256,15 +256,12 @@ def question_interval(text: str, anchor: Optional[date] = None,
     return None
 
 
-def _cached(index, name: str, build):
-    """``build()``, kept in the index view's derived-data cache (one home for derived
-    data: :mod:`memgas_gpu.retrieve.cache`); computed every time without one."""
-    cache = getattr(index, "cache", None)
-    if cache is None:
-        return build()
-    got = cache.get(name)
+def _cached(view, name: str, build):
+    """``build()``, kept in the view's derived-data cache (one home for derived data:
+    :mod:`memgas_gpu.retrieve.cache`)."""
+    got = view.cache.get(name)
     if got is None:
-        got = cache[name] = build()
+        got = view.cache[name] = build()
     return got
 
 
@@ -337,9 +334,8 @@ def speaker_turn_signal(index, texts: Sequence[str], q_conv: Tensor, q_terms, la
     from ..lexical import BM25Params, lexical_signals
 
     dev = torch.device(device or "cpu")
-    out = lexical_signals(index, names=["bm25_Tmax"], params=BM25Params(k1, b, method),
-                          device=str(dev), queries=q_terms,
-                          query_conversation=q_conv)["bm25_Tmax"]
+    out = lexical_signals(index, q_terms, q_conv, {"bm25_Tmax": ("T", "max")},
+                          params=BM25Params(k1, b, method), device=str(dev))["bm25_Tmax"]
     conv = q_conv.to(torch.long).cpu()
     cand = sorted(set(conv.tolist()))
     if not cand or gamma <= 0:

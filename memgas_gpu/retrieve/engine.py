@@ -40,7 +40,7 @@ from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_sig
 
 __all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "HYBRID_SIGNALS",
            "HYBRID_EXTRACTIVE_SIGNALS", "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError",
-           "SettingsError", "resolve", "read_path", "score", "auto_signals", "batch_view"]
+           "SettingsError", "resolve", "read_path", "score", "auto_signals"]
 
 FUSIONS = ("ppr", "seeds", "sum", "rrf")
 GRAPHS = ("dense", "topk", "lexical", "both", "none")
@@ -185,17 +185,18 @@ DEFAULT_METHOD = "memgas_hybrid"
 _FIELDS = {f.name for f in fields(ReadParams)}
 
 
-def auto_signals(index) -> tuple[tuple, str]:
+def auto_signals(view) -> tuple[tuple, str]:
     """The rule behind ``signals="auto"``: :data:`HYBRID_EXTRACTIVE_SIGNALS` when the
-    index's summaries are extractive (copied sentences), else :data:`HYBRID_SIGNALS`;
-    of those, the ones the index stores the data of (an index built with
+    view's summaries are extractive (copied sentences), else :data:`HYBRID_SIGNALS`;
+    of those, the ones the view holds the data of (an index built with
     ``lexical=False`` or ``keep_turns=False`` drops the BM25 or the best-turn signals; with
-    none left, the four dense granularities of :data:`MEMGAS_SIGNALS`).
+    none left, the four dense granularities of :data:`MEMGAS_SIGNALS`).  ``view`` None:
+    the rule alone (no data to check).
 
     Returns:
         ``(signals, reason)``; the reason is printed by ``memgas eval`` and recorded.
     """
-    config = getattr(index, "config", None)
+    config = view.config if view is not None else None
     exp = config.get("expansion") if isinstance(config, dict) else None
     summ = exp.get("summaries") if isinstance(exp, dict) else None
     if isinstance(summ, dict) and summ.get("method") == "offline":
@@ -203,9 +204,9 @@ def auto_signals(index) -> tuple[tuple, str]:
                     "summaries are extractive (offline): U signals left out")
     else:
         sig, why = HYBRID_SIGNALS, "summaries are written (not extractive)"
-    if index is None:
+    if view is None:
         return sig, why
-    have = tuple(available(index, sig))
+    have = tuple(available(view, sig))
     if have != sig:
         gone = [s for s in sig if s not in have]
         why += (f"; {', '.join(gone)} left out: the index does not store their data "
@@ -215,9 +216,10 @@ def auto_signals(index) -> tuple[tuple, str]:
     return have, why
 
 
-def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
+def resolve(view, method: str = "memgas", params: Optional[ReadParams] = None,
             **overrides) -> tuple[ReadParams, dict]:
-    """The checked settings of ``method`` (its preset, or ``params``) with ``overrides``.
+    """The checked settings of ``method`` (its preset, or ``params``) with ``overrides``,
+    for the data ``view`` holds (None: the settings alone).
 
     Returns:
         ``(params, info)``: ``info`` says how ``signals="auto"`` was resolved, and that
@@ -233,19 +235,14 @@ def resolve(index, method: str = "memgas", params: Optional[ReadParams] = None,
                 **{k: v for k, v in overrides.items() if v is not None}).check()
     info = {}
     if p.signals == "auto":
-        sig, why = auto_signals(index)
+        sig, why = auto_signals(view)
         p = replace(p, signals=sig)
         info = {"signals": "auto", "resolved": "+".join(sig), "reason": why}
-    if (p.speaker_gamma and "bm25_Tmax" in p.signals and index is not None
-            and not _keeps_text(index)):
+    if (p.speaker_gamma and "bm25_Tmax" in p.signals and view is not None
+            and not view.keeps_text):
         p = replace(p, speaker_gamma=0.0)
         info["speaker_gamma"] = "off: the index keeps no turn texts (built with keep_text=False)"
     return p, info
-
-
-def _keeps_text(index) -> bool:
-    keeps = getattr(index, "keeps_text", None)
-    return keeps if keeps is not None else getattr(index, "turn_text", None) is not None
 
 
 def read_path(x: Tensor, valid: Tensor, p: ReadParams, *, node_of_signal: Sequence[int],
@@ -293,16 +290,17 @@ def read_path(x: Tensor, valid: Tensor, p: ReadParams, *, node_of_signal: Sequen
     return ops.sum_granularities(seeds.view(Q, n_gran, N))
 
 
-def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
+def score(view, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
           lexical=None, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """Session scores of every query of ``batch`` against its conversation.
 
     Args:
-        index: a :class:`~memgas_gpu.retrieve.MemoryIndex`.
+        view: a :class:`~memgas_gpu.retrieve.segments.View` holding the conversations
+            the queries ask about (``batch.q_conv``: positions in it).
         batch: the queries.
         p: checked settings with concrete signals (see :func:`resolve`).
         device: where to compute (default: CUDA if available).
-        lexical: optional lexical index replacing ``index.lexical``.
+        lexical: optional lexical index replacing ``view.lexical``.
         backend: PageRank backend (``"auto"``, ``"native"``, ``"torch"``).
 
     Returns:
@@ -314,38 +312,25 @@ def score(index, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
     from .graphs import read_graph
 
     dev = resolve_device(device)
-    index, batch = batch_view(index, batch)
-    lay = query_layout(index.conv_offsets, batch.q_conv)
-    ctx = SignalContext(index, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,
+    lay = query_layout(view.conv_offsets, batch.q_conv)
+    ctx = SignalContext(view, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,
                         p.speaker_gamma)
     x = compute_signals(ctx, p.signals)
-    cue = time_cue(index, batch, lay, dev) if p.time_beta else None
-    return finish(index, x, lay, p, dev, read_graph(index, p, dev), backend, cue)
+    cue = time_cue(view, batch, lay, dev) if p.time_beta else None
+    return finish(view, x, lay, p, dev, read_graph(view, p, dev), backend, cue)
 
 
-def batch_view(index, batch: QueryBatch) -> tuple:
-    """``(view, batch)``: for a :class:`~memgas_gpu.retrieve.MemoryIndex`, the packed view
-    of the conversations the batch asks about (one state, cached) and the batch with
-    conversation positions in that view; anything else is returned as it is."""
-    if not hasattr(index, "view"):
-        return index, batch
-    state = index.state()
-    conv = batch.q_conv.to(torch.int64).cpu()
-    view = index.view(torch.unique(conv).tolist(), state=state)
-    return view, replace(batch, q_conv=torch.searchsorted(view.conv, conv))
-
-
-def time_cue(index, batch: QueryBatch, lay, dev) -> Optional[Tensor]:
+def time_cue(view, batch: QueryBatch, lay, dev) -> Optional[Tensor]:
     """``[Q, N]`` 1 where a session's date lies in the interval of the query's date
     expression (see :mod:`memgas_gpu.retrieve.cues`), else 0; None without texts."""
     from .cues import time_affinity_of
 
     if batch.q_text is None:
         return None
-    return time_affinity_of(index, batch.q_text, batch.q_date, lay).to(dev)
+    return time_affinity_of(view, batch.q_text, batch.q_date, lay).to(dev)
 
 
-def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
+def finish(view, x: Tensor, lay, p: ReadParams, dev: torch.device,
            graph: Optional[tuple], backend: str = "auto",
            cue: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Steps 2-6 for raw signals ``x`` of queries laid out as ``lay`` (the sweep reuses
@@ -355,14 +340,12 @@ def finish(index, x: Tensor, lay, p: ReadParams, dev: torch.device,
     _refuse_non_finite(x, valid[:, None, :].expand_as(x), "signal values")
     blocks = None
     if graph is not None:
-        cache = getattr(index, "cache", None)
-        blocks = cache.get("node_blocks") if cache is not None else None
+        blocks = view.cache.get("node_blocks")
         if blocks is None:
-            sizes = index.conv_offsets[1:] - index.conv_offsets[:-1]
-            blocks = torch.repeat_interleave(torch.arange(index.n_conversations),
+            sizes = view.conv_offsets[1:] - view.conv_offsets[:-1]
+            blocks = torch.repeat_interleave(torch.arange(view.n_conversations),
                                              sizes).repeat_interleave(N_GRAN)
-            if cache is not None:
-                cache["node_blocks"] = blocks
+            view.cache["node_blocks"] = blocks
     s = read_path(x, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
                   node_base=lay.start * N_GRAN, query_conversation=lay.conv, blocks=blocks,
                   backend=backend)

@@ -20,70 +20,62 @@ from torch import Tensor
 
 from .. import ops
 from ..granularity import CODES, N_GRAN, expand_ranges
+from ..ops.csr import csr_edges, empty_csr, join_csr
 from ..progress import Progress
 from .meta import GraphParams
 
-__all__ = ["read_graph", "lexical_graph", "empty_graph", "build_graph", "graph_chunk",
-           "edges_of", "candidates"]
+__all__ = ["read_graph", "lexical_graph", "build_graph", "graph_chunk", "candidates"]
 
 
-def empty_graph(n_nodes: int) -> tuple:
-    """CSR of ``n_nodes`` nodes and no edges."""
-    return (torch.zeros(n_nodes + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long))
-
-
-def read_graph(index, p, device) -> Optional[tuple]:
-    """The graph ``p.graph`` of ``index`` when ``p.fusion == "ppr"``, else None."""
+def read_graph(view, p, device) -> Optional[tuple]:
+    """The graph ``p.graph`` of ``view`` when ``p.fusion == "ppr"``, else None."""
     if p.fusion != "ppr":
         return None
     dev = str(device)
     if p.graph == "none":
-        return empty_graph(index.n_rows * N_GRAN)
+        return empty_csr(view.n_rows * N_GRAN)
     if p.graph == "dense":
-        return index.graph(device=dev)
+        return view.graph(device=dev)
     if p.graph == "topk":
-        return index.graph(replace(index.params, rule="topk", topk=p.topk), device=dev)
-    lg = lexical_graph(index, index.params.m, device=dev, k1=p.k1, b=p.b)
+        return view.graph(replace(view.params, rule="topk", topk=p.topk), device=dev)
+    lg = lexical_graph(view, view.params.m, device=dev, k1=p.k1, b=p.b)
     if p.graph == "lexical":
         return lg
     key = f"both_k{p.k1}_b{p.b}"
-    if key not in index.lexical.graphs:
-        edges = []
-        for ip, ix in (index.graph(device=dev), lg):
-            src = torch.repeat_interleave(torch.arange(ip.numel() - 1), ip[1:] - ip[:-1])
-            edges.append(torch.stack([src, ix]))
-        index.lexical.graphs[key] = ops.symmetric_csr(torch.cat(edges, 1),
-                                                      index.n_rows * N_GRAN)
-    return index.lexical.graphs[key]
+    if key not in view.lexical.graphs:
+        edges = [csr_edges(*g) for g in (view.graph(device=dev), lg)]
+        view.lexical.graphs[key] = ops.symmetric_csr(torch.cat(edges, 1),
+                                                      view.n_rows * N_GRAN)
+    return view.lexical.graphs[key]
 
 
-def lexical_graph(index, m: int = 30, skip_sessions: Optional[int] = None,
+def lexical_graph(view, m: int = 30, skip_sessions: Optional[int] = None,
                   device: Optional[str] = None, k1: float = 1.5, b: float = 0.75) -> tuple:
-    """Association graph over the index's nodes from *lexical* similarity.
+    """Association graph over the view's nodes from *lexical* similarity.
 
     Node vectors are L2-normalised BM25 document weights (``idf · tfc`` of every term,
     corpus statistics per conversation and granularity; T = mean of the session's
     normalised turn vectors), over the conversation's terms; similarity = cosine; the
     top ``m`` earlier nodes are tested by the same 2-component GMM as the dense graph.
-    Cached in ``index.lexical.graphs`` (cleared when sessions are added or removed).
+    Cached in ``view.lexical.graphs`` (cleared when sessions are added or removed).
     """
     from ..ops.bm25 import bm25_weights
 
-    lex = index.lexical
+    lex = view.lexical
     if lex is None:
         raise ValueError("this index has no lexical data: build it with lexical=True")
-    skip = index.params.skip_sessions if skip_sessions is None else skip_sessions
+    skip = view.params.skip_sessions if skip_sessions is None else skip_sessions
     key = f"lexgmm_m{m}_s{skip}_k{k1}_b{b}"
     if key in lex.graphs:
         return lex.graphs[key]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     edges = []
-    offs = index.conv_offsets.tolist()
-    for c in range(index.n_conversations):
+    offs = view.conv_offsets.tolist()
+    for c in range(view.n_conversations):
         nr = offs[c + 1] - offs[c]
         if nr == 0:
             continue
-        slots = index.row_slot[offs[c]:offs[c + 1]]
+        slots = view.row_slot[offs[c]:offs[c + 1]]
         parts = []
         for g in CODES:
             doc_row, ids = expand_ranges(lex.doc_ptr[g], slots)
@@ -107,7 +99,7 @@ def lexical_graph(index, m: int = 30, skip_sessions: Optional[int] = None,
                                   skip_sessions=skip, accept="gmm")
         edges.append(e.cpu() + offs[c] * N_GRAN)
     e = torch.cat(edges, 1) if edges else torch.zeros(2, 0, dtype=torch.long)
-    lex.graphs[key] = ops.symmetric_csr(e, index.n_rows * N_GRAN)
+    lex.graphs[key] = ops.symmetric_csr(e, view.n_rows * N_GRAN)
     return lex.graphs[key]
 
 
@@ -167,21 +159,9 @@ def build_graph(index, params: GraphParams, device: Optional[str] = None,
     args = ((index.node_embeddings(torch.arange(offs[a], offs[b])),
              [offs[i + 1] - offs[i] for i in range(a, b)], params, dev) for a, b in chunks)
     bar = Progress(index.n_rows, f"graph ({params.key()})", unit="session", enabled=progress)
-    indptr_parts, index_parts = [torch.zeros(1, dtype=torch.long)], []
-    nnz = 0
-    for (a, b), (ip, ix) in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
-        indptr_parts.append(ip[1:] + nnz)
-        index_parts.append(ix + offs[a] * N_GRAN)
-        nnz += int(ix.numel())
+    parts = []
+    for (a, b), part in zip(chunks, (mapper or _serial_map)(graph_chunk, args)):
+        parts.append(part)
         bar.update(offs[b] - offs[a])
     bar.close()
-    indptr = torch.cat(indptr_parts)
-    indices = torch.cat(index_parts) if index_parts else torch.zeros(0, dtype=torch.long)
-    return indptr, indices
-
-
-def edges_of(graph) -> Tensor:
-    """``[2, nnz]`` (source, target) of a CSR graph."""
-    indptr, indices = graph
-    src = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
-    return torch.stack([src, indices])
+    return join_csr(parts)

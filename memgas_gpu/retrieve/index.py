@@ -13,13 +13,14 @@ Storage (docs/architecture.md, "The index"):
 
 A write (:meth:`MemoryIndex.add_session`, :meth:`MemoryIndex.remove_session`) builds a
 new segment for the one conversation it changes and publishes a new state; a read
-(:meth:`MemoryIndex.retrieve`, :meth:`MemoryIndex.search`) takes the current state once
-and packs only the conversations it asks about into the block-diagonal layout of the
-read path (:class:`~memgas_gpu.retrieve.segments.View`, cached by :mod:`.cache`).
+(:meth:`MemoryIndex.retrieve`, :meth:`MemoryIndex.search`) takes the current state once,
+packs only the conversations it asks about into the block-diagonal layout of the read
+path (:class:`~memgas_gpu.retrieve.segments.View`, cached by :mod:`.cache`) and hands
+that view to the read path, which reads nothing else.
 
-The packed attributes of a whole index (``conv_offsets``, ``row_slot``, ``gran``,
-``graphs``, ...) remain available, exactly as a fresh build of the same sessions
-would hold them; after a write they are packed again on first access.
+The packed tensors of the whole index (``conv_offsets``, ``row_slot``, ``gran``, the
+graphs, ...) are those of :meth:`MemoryIndex.snapshot`: exactly what a fresh build of
+the same sessions holds.
 """
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .._checks import float_dtype, require_encoder
+from .._checks import float_dtype, require_encoder, resolve_device
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
+from ..ops.csr import empty_csr
+from .engine import DEFAULT_METHOD, resolve
 from .graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
-from .segments import (Segment, State, View, empty_local, local_graph, split_graph,
-                       with_segment)
-from .signals import stored_texts
+from .search import (Retrieval, SearchResult, check_search, question_indices,
+                     rank_queries, rank_questions)
+from .segments import Segment, State, View, local_graph, split_graph, with_segment
+from .signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
 from .writes import append_session, check_session, grow_graph, session_texts
 from .texts import TextTable
@@ -62,8 +66,8 @@ class MemoryIndex:
     :meth:`load`.
 
     **Threads.** One index may be shared by many threads.  Every read (``search``,
-    ``retrieve``, :meth:`snapshot`, the packed attributes) sees the index as it was when
-    the read started: a state published by a complete write, never a half-applied one.
+    ``retrieve``, :meth:`view`, :meth:`snapshot`) sees the index as it was when the
+    read started: a state published by a complete write, never a half-applied one.
     Writes (``add_session``, ``remove_session``) are serialized by a lock and never wait
     for reads; each costs what its own conversation costs, whatever else the index
     holds.  A read of some conversations costs what those conversations cost; its
@@ -100,27 +104,25 @@ class MemoryIndex:
         self.folder_versions: dict = {}
         self._encoder = None
         self._write_lock = threading.RLock()
-        self._save_lock = threading.Lock()  # one save at a time (persist.save_index)
+        self._save_lock = threading.Lock()  # one save at a time (:meth:`save`)
         self._cache = ViewCache(max_views)
         dense = dict(tables or {})
         if concat is not None:
             dense["concat"] = concat
         self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest)
-        self._graph_keys = frozenset(graphs)
+        self._graph_keys = frozenset(graphs) | {params.key()}
         offs = conv_offsets.tolist()
-        parts = {k: split_graph(ip, ix, conv_offsets) for k, (ip, ix) in graphs.items()}
+        # segments keep their graphs on the CPU; the first view keeps the tensors given
+        parts = {k: split_graph(ip.cpu(), ix.cpu(), conv_offsets)
+                 for k, (ip, ix) in graphs.items()}
         segs = tuple(
             Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates)),
                     row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts})
             for i, c in enumerate(conversations))
-        state = State(segs, ids, self._store.tables())
-        packed = View(state, range(len(segs)), params, config)
-        # exactly the tensors given: reading them back copies nothing
-        packed.row_slot, packed.conv_offsets = row_slot, conv_offsets
-        packed.lexical = lexical
-        packed.graph_cache.update(graphs)
-        self._state = State(segs, ids, state.tables, version=state.version, packed=packed)
-        packed.state = self._state
+        self._state = State(segs, ids, self._store.tables())
+        # the view of every conversation, with the joined graphs given: nothing is
+        # joined again for the first read of the whole index
+        self._view_at(range(len(segs)), self._state, graphs=graphs)
 
     def __getstate__(self) -> dict:
         """For copies and Ray tasks: the published state, without the lock and the
@@ -179,7 +181,7 @@ class MemoryIndex:
                              progress=progress)
         timings["expand_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        dense = stored_texts("dense")
+        dense = signal_texts("dense")
         if not p.concat:
             dense.pop("concat", None)
         table, enc_stats = embed_sessions(dataset, exp, encoder, store=store, tables=dense,
@@ -194,7 +196,7 @@ class MemoryIndex:
 
             t0 = time.perf_counter()
             lex = build_lexical(dataset, exp, table.sessions, [q.text for q in questions],
-                                p.tokenizer, extra=stored_texts("lexical"))
+                                p.tokenizer, extra=signal_texts("lexical"))
             timings["lexical_s"] = time.perf_counter() - t0
         slot = {s.key: i for i, s in enumerate(table.sessions)}
         texts: dict = {}
@@ -236,77 +238,37 @@ class MemoryIndex:
             idx.config["lexical"] = lex.describe()
         idx._encoder = encoder
         t0 = time.perf_counter()
-        key = idx.params.key()
-        graph = build_graph(idx._state.packed, idx.params, device=device, progress=progress,
+        full = idx.view()
+        graph = build_graph(full, idx.params, device=device, progress=progress,
                             mapper=graph_mapper)
-        idx._adopt_graph(key, graph)
+        for seg, local in zip(full.segments, split_graph(*graph, full.conv_offsets)):
+            seg.graphs.setdefault(idx.params.key(), local)
+        full.graph_cache[idx.params.key()] = graph
         timings["graph_s"] = time.perf_counter() - t0
         idx.config["timings"] = timings
         return idx
 
-    def _adopt_graph(self, key: str, graph: tuple) -> None:
-        """Store a block-diagonal graph of every conversation in their segments."""
-        st = self._state
-        for seg, local in zip(st.segments, split_graph(*graph, st.packed.conv_offsets
-                                                       if st.packed is not None
-                                                       else self._full().conv_offsets)):
-            seg.graphs.setdefault(key, local)
-        if st.packed is not None:
-            st.packed.graph_cache[key] = graph
-        self._graph_keys = self._graph_keys | {key}
-
-    @classmethod
-    def from_nodes(cls, node_emb: Tensor, sessions_per_conversation, graph=None,
-                   params: Optional[GraphParams] = None) -> "MemoryIndex":
-        """A bare index over precomputed node embeddings (benchmarks, tensor-level use).
-
-        Args:
-            node_emb: ``[n_rows * N_GRAN, d]`` interleaved node embeddings (node
-                ``N_GRAN*row + g``), conversations one after the other.
-            sessions_per_conversation: session count of each conversation.
-            graph: optional ``(indptr, indices)`` association graph (else built on use).
-            params: the graph's settings (default :class:`GraphParams`).
-        """
-        sizes = torch.as_tensor(list(sessions_per_conversation), dtype=torch.long)
-        n_rows = int(sizes.sum())
-        d = node_emb.shape[-1]
-        p = params or GraphParams()
-        metas = [ConversationMeta(str(c), [str(i) for i in range(int(k))], [""] * int(k))
-                 for c, k in enumerate(sizes.tolist())]
-        graphs = {}
-        if graph is not None:
-            graphs[p.key()] = (graph[0].cpu(), graph[1].cpu())
-        idx = cls(conversations=metas, questions=[],
-                  conv_offsets=torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
-                  row_slot=torch.arange(n_rows),  # metadata stays on the CPU
-                  gran=node_emb.reshape(n_rows, N_GRAN, d), concat=None,
-                  q_emb=node_emb.new_zeros(0, d), q_conv=torch.zeros(0, dtype=torch.long),
-                  graphs=graphs, params=p, config={})
-        if graph is not None:  # keep the caller's tensors (and device) for the packed view
-            idx._state.packed.graph_cache[p.key()] = graph
-        return idx
-
     # ------------------------------------------------------------------ reads
-    def view(self, conversations: Optional[Sequence[int]] = None,
+    def view(self, conversation_ids: Optional[Sequence[str]] = None,
              state: Optional[State] = None) -> View:
-        """The read path's packed view of some conversations (positions, default all) of
-        ``state`` (default: the current one), from the cache."""
-        st = state or self._state
-        n = len(st.segments)
-        conv = range(n) if conversations is None else sorted(set(int(c) for c in
-                                                                 conversations))
-        if len(conv) == n and st.packed is not None:
-            return st.packed
-        versions = tuple(st.segments[c].version for c in conv)
-        key = ("view", tuple(conv), versions)
-        return self._cache.get(key, versions,
-                               lambda: View(st, conv, self.params, self.config),
-                               live=lambda: self._current(conv, versions))
+        """The read path's packed view of some conversations (default all) of ``state``
+        (default: the current one), from the cache; conversations in index order.
 
-    def _current(self, conv, versions) -> bool:
-        """Whether conversations ``conv`` are still at ``versions`` (not rewritten)."""
-        segs = self._state.segments
-        return all(c < len(segs) and segs[c].version == v for c, v in zip(conv, versions))
+        Raises:
+            KeyError: a conversation id the state does not hold.
+        """
+        st = state or self._state
+        if conversation_ids is None:
+            return self._view_at(range(len(st.segments)), st)
+        return self._view_at([st.position(c) for c in conversation_ids], st)
+
+    def _view_at(self, positions, state: State, graphs: Optional[dict] = None) -> View:
+        conv = sorted(set(int(c) for c in positions))
+        versions = tuple(state.segments[c].version for c in conv)
+        return self._cache.get(("view", versions), versions,
+                               lambda: View(state, conv, self.params, self.config,
+                                            graphs=graphs),
+                               live=lambda: self._state.holds(versions))
 
     def state(self) -> State:
         """The current published state (one consistent version of every conversation)."""
@@ -316,51 +278,115 @@ class MemoryIndex:
         """Drop every derived structure (rebuilt on the next read); stored data stays."""
         self._cache.clear()
 
-    def _full(self) -> View:
-        return self.view()
+    def snapshot(self, state: Optional[State] = None) -> View:
+        """The whole index as one view, exactly as a fresh build of the same sessions
+        would store it (slots in order of first use, only the terms they use): what
+        :meth:`save` writes."""
+        st = state or self._state
+        full = self._view_at(range(len(st.segments)), st)
+        if full.is_canonical():
+            return full
+        versions = tuple(s.version for s in st.segments)
+        return self._cache.get(("canonical", versions), versions,
+                               lambda: View(st, range(len(st.segments)), self.params,
+                                            self.config, canonical=True),
+                               live=lambda: self._state.holds(versions))
 
-    def snapshot(self) -> View:
-        """The whole index as one immutable packed view, as a fresh build of the same
-        sessions would store it (slots in order of first use): what :meth:`save`
-        writes.  It also carries ``questions``, ``q_emb``, ``q_conv`` and ``graphs``."""
+    def saved_graph_keys(self, view: View) -> frozenset:
+        """The graph settings a save of ``view`` keeps: those every conversation holds
+        (the index's own settings when it holds no conversation)."""
+        return view.saved_graph_keys() if view.segments else self._graph_keys
+
+    def question_view(self, questions=None) -> tuple[View, QueryBatch, Tensor]:
+        """The view of the conversations the dataset's questions ``questions`` (indices
+        into :attr:`questions`, default all) ask about, their :class:`QueryBatch` laid
+        out on it, and the question indices.
+
+        Raises:
+            TypeError, IndexError: ``questions`` are not indices of this index's questions.
+        """
+        qi = question_indices(len(self.questions), questions)
         st = self._state
-        full = self.view(state=st)
-        if not full.is_canonical():
-            versions = tuple(s.version for s in st.segments)
-            full = self._cache.get(("canonical", versions), versions,
-                                   lambda: View(st, range(len(st.segments)), self.params,
-                                                self.config, canonical=True),
-                                   live=lambda: self._current(range(len(versions)),
-                                                              versions))
-        full.questions, full.q_emb, full.q_conv = self.questions, self.q_emb, self.q_conv
-        full.graph_keys = self._persisted_keys(st)
-        return full
+        conv = self.q_conv[qi]
+        view = self._view_at(torch.unique(conv).tolist(), st)
+        lex = view.lexical
+        qs = [self.questions[i] for i in qi.tolist()]
+        batch = QueryBatch(self.q_emb[qi],
+                           view.positions([st.segments[c].id for c in conv.tolist()]),
+                           lex.queries.rows(qi) if lex is not None else None,
+                           [q.text for q in qs], [q.date for q in qs])
+        return view, batch, qi
 
-    def _persisted_keys(self, st: State) -> frozenset:
-        """Graph settings every conversation holds (saved with the index)."""
-        if not st.segments:
-            return self._graph_keys
-        keys = set(st.segments[0].graphs)
-        for s in st.segments[1:]:
-            keys &= s.graphs.keys()
-        return frozenset(keys)
+    def retrieve(self, questions=None, method: Optional[str] = None,
+                 params=None, device: Optional[str] = None, **settings) -> Retrieval:
+        """Rank the sessions of each of the dataset's questions' conversation.
 
-    def retrieve(self, questions=None, method: Optional[str] = None, **kwargs):
-        """Rank sessions for the index's own questions; see
-        :func:`memgas_gpu.retrieve.retrieve`."""
-        from .search import retrieve
+        Args:
+            questions: indices into :attr:`questions` (default: all).
+            method: a preset name (:data:`~memgas_gpu.retrieve.METHODS`; default
+                ``memgas_hybrid``): ``"memgas"`` (full), ablations ``"no_gmm"``,
+                ``"no_ppr"``, ``"no_router"``, ``"no_association"``, flat ``"session"``,
+                ``"turn"``, ``"summary"``, ``"keyword"``, ``"concat"``, lexical
+                ``"bm25"`` and ``"memgas_hybrid"``.
+            params: a :class:`~memgas_gpu.retrieve.ReadParams` replacing the preset.
+            device: where to compute (default: CUDA if available).
+            **settings: ReadParams fields overriding the preset (None = keep).
 
-        return retrieve(self, questions, method=method, **kwargs)
+        Returns:
+            A :class:`~memgas_gpu.retrieve.Retrieval`.
+        """
+        resolve_device(device)  # before any work
+        view, batch, qi = self.question_view(questions)
+        method = method or DEFAULT_METHOD
+        p, info = resolve(view, method, params, **settings)
+        return rank_questions(view, batch, qi, method, p, info, device)
 
     def search(self, conversation_id, queries: Sequence[str], k: int = 10,
-               method: Optional[str] = None, **kwargs) -> list:
-        """Rank a conversation's sessions for new query texts (encoded with the index's
-        own encoder); one :class:`~memgas_gpu.retrieve.SearchResult` per query with
-        session ids, scores and the best-matching turns.  See
-        :func:`memgas_gpu.retrieve.search`."""
-        from .search import search
+               method: Optional[str] = None, encoder: Any = None, evidence: int = 3,
+               device: Optional[str] = None, question_date: Optional[str] = None,
+               **settings) -> list:
+        """Rank the sessions of a conversation for new query texts.
 
-        return search(self, conversation_id, queries, k=k, method=method, **kwargs)
+        The search sees the index as it was when it started (writes running meanwhile
+        are not in it) and costs what the asked conversations cost.
+
+        Args:
+            conversation_id: one id for every query, or a list with one id per query.
+            queries: the query texts.
+            k: sessions returned per query.
+            method, **settings: as :meth:`retrieve`.
+            encoder: the index's encoder (default: reloaded from the index's record); a
+                different encoder is an error.
+            evidence: best turns returned per session (by ``<query, turn>`` when the
+                index keeps turn embeddings, else none).
+            device: where to compute.
+            question_date: when the queries are asked (any date format; anchors
+                relative time expressions such as "last week" for the time cue).
+
+        Returns:
+            One :class:`~memgas_gpu.retrieve.SearchResult` per query; empty lists for a
+            conversation without sessions, and for a conversation id the memory does
+            not hold (nothing was added to it yet, or it was forgotten).
+        """
+        convs, queries = check_search(conversation_id, queries, k, evidence, question_date)
+        require_encoder(encoder)
+        resolve_device(device)  # before the queries are encoded
+        st = self._state
+        asked = [j for j, c in enumerate(convs) if c in st.ids]
+        view = self._view_at({st.ids[convs[j]] for j in asked}, st)
+        p, _ = resolve(view, method or DEFAULT_METHOD, None, **settings)
+        if not queries:
+            return []
+        out = [SearchResult(c, [], [], []) for c in convs]
+        if asked:
+            texts = [queries[j] for j in asked]
+            q_emb = self.query_encoder(encoder).encode(texts, progress=False).float().cpu()
+            got = rank_queries(view, [convs[j] for j in asked], texts, q_emb, p, k=k,
+                               evidence=evidence, device=device,
+                               question_date=question_date)
+            for j, r in zip(asked, got):
+                out[j] = r
+        return out
 
     def save(self, path, dtype: torch.dtype = torch.float32, **options):
         """Write the index folder (see ``docs/index-format.md``) from one snapshot (writes
@@ -372,6 +398,12 @@ class MemoryIndex:
 
         dtype = float_dtype(dtype)
         return save_index(self, path, dtype=dtype, **options)
+
+    def saving(self):
+        """The lock every save of this index holds, from its snapshot to its new folder
+        version (one save at a time: a save that starts after another returned writes a
+        state at least as new)."""
+        return self._save_lock
 
     @classmethod
     def load(cls, path) -> "MemoryIndex":
@@ -463,8 +495,9 @@ class MemoryIndex:
                 slots = torch.cat([old.slots if old is not None
                                    else torch.zeros(0, dtype=torch.long),
                                    torch.tensor([slot])])
-                keys = (old.graphs.keys() if old is not None else self._persisted_keys(st))
-                graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_local(0),
+                keys = (old.graphs.keys() if old is not None else
+                        self.saved_graph_keys(self._view_at(range(len(st.segments)), st)))
+                graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
                                         tables.gran[slots],
                                         GraphParams.from_key(k, self.params)) for k in keys}
             except BaseException:  # no published state refers to what changed: undo it
@@ -543,7 +576,7 @@ class MemoryIndex:
         self._state = state  # one reference swap: readers see the old or the new state
         self._cache.forget(stale)
 
-    # ------------------------------------------------------------------ packed view
+    # ------------------------------------------------------------------ what it holds
     @property
     def version(self) -> int:
         """Changes with every write (a process-unique number)."""
@@ -558,10 +591,6 @@ class MemoryIndex:
         return len(self._state.segments)
 
     @property
-    def conv_offsets(self) -> Tensor:
-        return self._full().conv_offsets
-
-    @property
     def n_rows(self) -> int:
         return sum(s.n for s in self._state.segments)
 
@@ -570,82 +599,12 @@ class MemoryIndex:
         return int(self._state.tables.gran.shape[-1])
 
     @property
-    def keeps_text(self) -> bool:
-        """Whether the index stores turn texts (evidence, the speaker cue)."""
-        return self._state.tables.turn_text is not None
-
-    @property
     def build_params(self) -> BuildParams:
         """The write path's settings this index was built with (sources by name)."""
         return BuildParams.from_record((self.config or {}).get("build"))
 
-    @property
-    def cache(self) -> dict:
-        """Derived data of the whole index's current view (see :mod:`.cache`)."""
-        return self._full().cache
-
-    def stores(self, need: str) -> bool:
-        """Whether the index stores what a signal needs (``"gran"``, ``"turns"``, a dense
-        table, ``"lexical:<documents>"``; see :func:`memgas_gpu.retrieve.signals.has`),
-        read from the current state without packing anything."""
-        t = self._state.tables
-        if need == "gran":
-            return True
-        if need == "turns":
-            return t.turns is not None
-        if need.startswith("lexical:"):
-            return t.lexical_docs is not None and need[len("lexical:"):] in t.lexical_docs
-        return need in t.dense
-
-    @property
-    def question_terms(self):
-        """Term counts of the dataset's questions (a TermMatrix), or None."""
-        lex = self._store.lexical
-        return lex.queries if lex is not None else None
-
-    row_slot = property(lambda self: self.snapshot().row_slot)
-    gran = property(lambda self: self.snapshot().gran)
-    concat = property(lambda self: self.snapshot().concat)
-
-    def stored(self, table: str) -> Optional[Tensor]:
-        """The dense table ``table`` (rows by slot, as :attr:`row_slot` numbers them), or
-        None when the index does not store it."""
-        return self.snapshot().stored(table)
-    turns = property(lambda self: self.snapshot().turns)
-    turn_ptr = property(lambda self: self.snapshot().turn_ptr)
-    turn_text = property(lambda self: self.snapshot().turn_text)
-    lexical = property(lambda self: self.snapshot().lexical)
-
-    @property
-    def graphs(self) -> dict:
-        """Every saved graph setting (key → block-diagonal CSR of all conversations)."""
-        snap = self.snapshot()
-        return {k: snap.graph(GraphParams.from_key(k, self.params))
-                for k in sorted(snap.graph_keys)}
-
     def conversation_index(self, conversation_id: str) -> int:
         return self._state.position(conversation_id)
-
-    def node_embeddings(self, rows: Optional[Tensor] = None) -> Tensor:
-        """``[n_rows*N_GRAN, d]`` interleaved node embeddings (node ``N_GRAN*row + g``)."""
-        return self._full().node_embeddings(rows)
-
-    def best_turns(self, query_emb: Tensor, rows: Tensor, n: int = 3) -> list:
-        """For each session row, its ``n`` turns most similar to ``query_emb``:
-        ``[(turn index, text or None, <query, turn>)]``, best first (empty when the
-        index keeps no turn embeddings)."""
-        from .search import best_turns
-
-        return best_turns(self._full(), query_emb, rows, n)
-
-    # ------------------------------------------------------------------ graph
-    def graph(self, params: Optional[GraphParams] = None, device: Optional[str] = None
-              ) -> tuple[Tensor, Tensor]:
-        """The association graph (CSR ``indptr, indices``) of every conversation, built
-        once per setting (and saved with the index from then on)."""
-        got = self._full().graph(params or self.params, device)
-        self._graph_keys = self._graph_keys | {(params or self.params).key()}
-        return got
 
 
 def _encoder_source(encoder) -> Optional[dict]:

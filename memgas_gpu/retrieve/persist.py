@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Optional, Union
 
@@ -29,49 +28,43 @@ __all__ = ["save_index", "load_index", "FORMAT_VERSION", "FolderVersion", "Index
            "IndexConflictError", "IndexLockError"]
 
 
-def _dense(index) -> dict:
-    """The index's dense tables: ``"concat"`` and those of registered signals."""
-    if hasattr(index, "tables"):
-        return index.tables.dense
-    return {"concat": index.concat} if index.concat is not None else {}
-
-
-def _tensors(index, dtype: torch.dtype) -> dict:
+def _tensors(index, view, dtype: torch.dtype) -> dict:
+    """The tensors of a save: ``view`` (the index's snapshot) and the index's questions."""
+    t = view.tables
     tensors = {
-        "conv_offsets": index.conv_offsets, "row_slot": index.row_slot,
-        "gran": index.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
+        "conv_offsets": view.conv_offsets, "row_slot": view.row_slot,
+        "gran": view.gran.to(dtype), "q_emb": index.q_emb.to(dtype), "q_conv": index.q_conv,
     }
-    for name, x in _dense(index).items():
+    for name, x in t.dense.items():
         tensors[name] = x.to(dtype)
-    digest = getattr(getattr(index, "tables", None), "digest", None)
-    if digest is not None:
-        tensors["slot_digest"] = digest
-    if index.turn_ptr is not None:
-        tensors["turn_ptr"] = index.turn_ptr
-    if index.turns is not None:
-        tensors["turns"] = index.turns.to(dtype)
-    if index.turn_text is not None:
-        tensors["turn_text.bytes"] = index.turn_text.data
-        tensors["turn_text.offsets"] = index.turn_text.offsets
-    lexical = getattr(index, "lexical", None)
-    if lexical is not None:
-        tensors.update(lexical.tensors("lexical."))
-    for key, (indptr, indices) in index.graphs.items():
+    if t.digest is not None:
+        tensors["slot_digest"] = t.digest
+    if view.turn_ptr is not None:
+        tensors["turn_ptr"] = view.turn_ptr
+    if view.turns is not None:
+        tensors["turns"] = view.turns.to(dtype)
+    if view.turn_text is not None:
+        tensors["turn_text.bytes"] = view.turn_text.data
+        tensors["turn_text.offsets"] = view.turn_text.offsets
+    if view.lexical is not None:
+        tensors.update(view.lexical.tensors("lexical."))
+    for key in sorted(index.saved_graph_keys(view)):
+        indptr, indices = view.graph(GraphParams.from_key(key, view.params))
         tensors[f"graph.{key}.indptr"] = indptr
         tensors[f"graph.{key}.indices"] = indices
     return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
 
 
-def _manifest(index, tensors: dict) -> dict:
-    lexical = getattr(index, "lexical", None)
+def _manifest(index, view, tensors: dict) -> dict:
+    lexical = view.lexical
     return {
         "format": FORMAT_NAME, "version": FORMAT_VERSION,
-        "params": vars(index.params), "graphs": sorted(index.graphs),
-        "tables": sorted(_dense(index)),
-        "config": index.config,
+        "params": vars(view.params), "graphs": sorted(index.saved_graph_keys(view)),
+        "tables": sorted(view.tables.dense),
+        "config": view.config,
         "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
-                           "session_dates": c.session_dates} for c in index.conversations],
+                           "session_dates": c.session_dates} for c in view.conversations],
         "questions": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
                        "evidence_turn_ids": list(q.evidence_turn_ids),
@@ -98,16 +91,12 @@ def _as_stored(path: Path, manifest: dict) -> tuple[str, dict]:
     return text, json_loads(text)
 
 
-#: serializes the saves of objects without a save lock of their own (not MemoryIndex)
-_SAVE_LOCK = threading.Lock()
-
-
 def _expected(index, folder: str) -> Optional[str]:
     """The version ``index`` last saw ``folder`` at (loaded from or saved to), or None."""
-    last = getattr(index, "folder_version", None)
+    last = index.folder_version
     if last is not None and last.folder == folder:
         return last.version
-    return (getattr(index, "folder_versions", None) or {}).get(folder)
+    return index.folder_versions.get(folder)
 
 
 def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32, *,
@@ -120,10 +109,10 @@ def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.
     remembers the version of every folder it was loaded from or saved to
     (``index.folder_versions``; ``index.folder_version`` is the last one): saving it
     into one of them after another writer saved there is refused (optimistic
-    concurrency), unless ``force``.  Saves of one index run one at a time, from taking
-    the snapshot to recording the new version: a save that starts after another
-    returned writes a state at least as new, and threads sharing an index never
-    conflict with each other.
+    concurrency), unless ``force``.  The saves of one index run one at a time
+    (``index.saving()``), from taking the snapshot to recording the new version: a save
+    that starts after another returned writes a state at least as new, and threads
+    sharing an index never conflict with each other.
 
     Raises:
         IndexFormatError: ``path`` is a file or a folder that is not an index, or the
@@ -137,23 +126,25 @@ def save_index(index, path: Union[str, os.PathLike], dtype: torch.dtype = torch.
     """
     check_lock_timeout(lock_timeout)
     path = Path(path)
-    with getattr(index, "_save_lock", None) or _SAVE_LOCK:
-        # one consistent state of a MemoryIndex, whatever writers do meanwhile
-        snap = index.snapshot() if hasattr(index, "snapshot") else index
-        tensors = _tensors(snap, dtype)
-        manifest = _manifest(snap, tensors)
-        text, stored = _as_stored(path, manifest)
-        what = f"{path} (not saved)"
-        check_manifest(what, stored)
-        check_tensors(what, tensors, stored, checksums=False)  # just computed from them
-        expect = None if force else _expected(index, os.path.realpath(path))
-        name = write_index_dir(path, tensors, text.encode(), expect=expect,
-                               lock_timeout=lock_timeout)
-        folder = os.path.realpath(path)
-        # a new dict: a shallow copy of the index keeps what it knew
-        index.folder_versions = {**(getattr(index, "folder_versions", None) or {}),
-                                 folder: name}
-        index.folder_version = FolderVersion(folder, name)
+    with index.saving():
+        return _save(index, path, dtype, force, lock_timeout)
+
+
+def _save(index, path: Path, dtype, force: bool, lock_timeout: float) -> Path:
+    view = index.snapshot()  # one consistent state, whatever writers do meanwhile
+    tensors = _tensors(index, view, dtype)
+    manifest = _manifest(index, view, tensors)
+    text, stored = _as_stored(path, manifest)
+    what = f"{path} (not saved)"
+    check_manifest(what, stored)
+    check_tensors(what, tensors, stored, checksums=False)  # just computed from them
+    expect = None if force else _expected(index, os.path.realpath(path))
+    name = write_index_dir(path, tensors, text.encode(), expect=expect,
+                           lock_timeout=lock_timeout)
+    folder = os.path.realpath(path)
+    # a new dict: a shallow copy of the index keeps what it knew
+    index.folder_versions = {**index.folder_versions, folder: name}
+    index.folder_version = FolderVersion(folder, name)
     return path
 
 

@@ -1,26 +1,29 @@
-"""Retrieval over a :class:`~memgas_gpu.retrieve.MemoryIndex`: the questions of its dataset
-(:func:`retrieve`) or new query texts (:func:`search`), both through the one read path
-of :mod:`memgas_gpu.retrieve.engine`.
+"""Ranking on a view: the dataset's questions (:func:`rank_questions`) or new query
+texts (:func:`rank_queries`), both through the one read path of
+:mod:`memgas_gpu.retrieve.engine`, and the checks of a search's arguments.
+
+:class:`~memgas_gpu.retrieve.MemoryIndex` takes the state, the view and the query
+embeddings, then calls these; :func:`retrieve` and :func:`search` are its methods as
+functions.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-import operator
-
 from .. import ops
-from .._checks import require_encoder, resolve_device
 from .._io import find_surrogate
-from .engine import DEFAULT_METHOD, METHODS, PRESETS, ReadParams, resolve, score
+from .engine import METHODS, PRESETS, ReadParams, score
 from .signals import QueryBatch
 from .writes import check_date
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
-           "retrieve", "search", "question_batch", "best_turns"]
+           "retrieve", "search", "rank_questions", "rank_queries", "check_search",
+           "question_indices", "best_turns"]
 
 
 @dataclass
@@ -56,27 +59,14 @@ class Retrieval(Ranked):
     params: dict = field(default_factory=dict)
 
 
-def question_batch(index, qi: Tensor) -> QueryBatch:
-    """The :class:`QueryBatch` of questions ``qi`` of the index."""
-    if hasattr(index, "question_terms"):
-        terms = index.question_terms
-    else:
-        lex = getattr(index, "lexical", None)
-        terms = lex.queries if lex is not None else None
-    qs = [index.questions[i] for i in qi.tolist()]
-    return QueryBatch(index.q_emb[qi], index.q_conv[qi],
-                      terms.rows(qi) if terms is not None else None,
-                      [q.text for q in qs], [q.date for q in qs])
-
-
-def _question_index(index, questions) -> Tensor:
-    """``questions`` as a long tensor of indices into ``index.questions``.
+def question_indices(n: int, questions) -> Tensor:
+    """``questions`` as a long tensor of indices into an index's ``n`` questions (all
+    when None).
 
     Raises:
         TypeError: an element that is not an integer (a string, a float, a bool).
         IndexError: an integer out of range (negative, or past the last question).
     """
-    n = len(index.questions)
     if questions is None:
         return torch.arange(n)
     what = ("questions must be integer indices into index.questions "
@@ -112,35 +102,23 @@ _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 def retrieve(index, questions: Optional[Sequence[int]] = None,
              method: Optional[str] = None, params: Optional[ReadParams] = None,
              device: Optional[str] = None, **settings) -> Retrieval:
-    """Rank the sessions of each question's conversation.
+    """:meth:`MemoryIndex.retrieve <memgas_gpu.retrieve.MemoryIndex.retrieve>` as a
+    function: rank the sessions of each of ``index``'s questions' conversation."""
+    return index.retrieve(questions, method, params=params, device=device, **settings)
 
-    Args:
-        index: the memory index.
-        questions: indices into ``index.questions`` (default: all).
-        method: a preset name (:data:`METHODS`; default :data:`DEFAULT_METHOD`):
-            ``"memgas"`` (full), ablations
-            ``"no_gmm"``, ``"no_ppr"``, ``"no_router"``, ``"no_association"``, flat
-            ``"session"``, ``"turn"``, ``"summary"``, ``"keyword"``, ``"concat"``,
-            lexical ``"bm25"`` and ``"memgas_hybrid"``.
-        params: a :class:`ReadParams` replacing the preset.
-        device: where to compute (default: CUDA if available).
-        **settings: :class:`ReadParams` fields overriding the preset (None = keep).
 
-    Returns:
-        A :class:`Retrieval`.
-    """
-    resolve_device(device)  # before any work
-    method = method or DEFAULT_METHOD
-    p, info = resolve(index, method, params, **settings)
-    qi = _question_index(index, questions)
-    scores, n = score(index, question_batch(index, qi), p, device)
+def rank_questions(view, batch: QueryBatch, qi: Tensor, method: str, p: ReadParams,
+                   info: dict, device: Optional[str] = None) -> Retrieval:
+    """Rankings of the questions ``qi`` (``batch``, laid out on ``view``) under the
+    resolved settings ``p`` of ``method`` (``info``: how ``signals="auto"`` resolved)."""
+    scores, n = score(view, batch, p, device)
     return Retrieval(method, qi, scores.cpu(), ops.rank_sessions(scores, n).cpu(), n,
                      params={**p.describe(), **({"signals_rule": info} if info else {})})
 
 
 @dataclass
 class SearchResult:
-    """Answer to one query of :func:`search`.
+    """Answer to one query of :meth:`MemoryIndex.search`.
 
     Attributes:
         conversation_id: the conversation searched.
@@ -164,37 +142,18 @@ class SearchResult:
 
 
 def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[str],
-           k: int = 10, method: Optional[str] = None, encoder=None, evidence: int = 3,
-           device: Optional[str] = None, question_date: Optional[str] = None,
-           **settings) -> list:
-    """Rank the sessions of a conversation for new query texts.
+           k: int = 10, method: Optional[str] = None, **kwargs) -> list:
+    """:meth:`MemoryIndex.search <memgas_gpu.retrieve.MemoryIndex.search>` as a
+    function: rank the sessions of a conversation of ``index`` for new query texts."""
+    return index.search(conversation_id, queries, k=k, method=method, **kwargs)
 
-    The search sees the index as it was when it started (writes running meanwhile are
-    not in it) and costs what the asked conversations cost.
 
-    Args:
-        index: the memory index.
-        conversation_id: one id for every query, or a list with one id per query.
-        queries: the query texts.
-        k: sessions returned per query.
-        method, **settings: as :func:`retrieve`.
-        encoder: the index's encoder (default: reloaded from the index's record); a
-            different encoder is an error.
-        evidence: best turns returned per session (by ``<query, turn>`` when the index
-            keeps turn embeddings, else none).
-        device: where to compute.
-        question_date: when the queries are asked (any date format; anchors relative
-            time expressions such as "last week" for the time cue).
-
-    Returns:
-        One :class:`SearchResult` per query; empty lists for a conversation without
-        sessions, and for a conversation id the memory does not hold (nothing was
-        added to it yet, or it was forgotten).
-    """
+def check_search(conversation_id, queries, k, evidence, question_date
+                 ) -> tuple[list, list]:
+    """The conversation id of each query and the queries, or a one-line refusal naming
+    the bad argument (before anything is encoded)."""
     if isinstance(queries, str):
         raise TypeError("queries must be a list of strings (got one string: wrap it in [])")
-    require_encoder(encoder)
-    resolve_device(device)  # before the queries are encoded
     queries = list(queries)
     bad = [type(q).__name__ for q in queries if not isinstance(q, str)]
     if bad:
@@ -224,33 +183,23 @@ def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[
         raise TypeError(f"question_date must be a string or None, got {question_date!r}")
     if question_date is not None:
         check_date(question_date, "question_date")
-    state = index.state() if hasattr(index, "state") else None
-    p, _ = resolve(index, method or DEFAULT_METHOD, None, **settings)
-    if not queries:
-        return []
-    if state is not None:
-        known = [j for j, c in enumerate(convs) if c in state.ids]
-        if len(known) < len(convs):  # a conversation the memory does not hold: no hits
-            got = iter(search(index, [convs[j] for j in known], [queries[j] for j in known],
-                              k, method, encoder, evidence, device, question_date,
-                              **settings) if known else ())
-            return [next(got) if c in state.ids else SearchResult(c, [], [], [])
-                    for c in convs]
-        pos = [state.position(c) for c in convs]
-        view = index.view(pos, state=state)
-        ci = torch.searchsorted(view.conv, torch.tensor(pos, dtype=torch.long))
-    else:
-        view = index
-        ci = torch.tensor([index.conversation_index(c) for c in convs], dtype=torch.long)
-    enc = index.query_encoder(encoder)
-    q_emb = enc.encode(queries, progress=False).float().cpu()
-    lex = getattr(view, "lexical", None)
+    return convs, queries
+
+
+def rank_queries(view, conversation_ids: Sequence[str], queries: Sequence[str],
+                 q_emb: Tensor, p: ReadParams, *, k: int = 10, evidence: int = 3,
+                 device: Optional[str] = None,
+                 question_date: Optional[str] = None) -> list:
+    """One :class:`SearchResult` per query: the top ``k`` sessions of its conversation
+    (held by ``view``) under the resolved settings ``p``, and their best turns."""
+    ci = view.positions(conversation_ids)
+    lex = view.lexical
     batch = QueryBatch(q_emb, ci, lex.encode_queries(queries) if lex is not None else None,
-                       queries, [question_date] * len(queries))
+                       list(queries), [question_date] * len(queries))
     scores, n = score(view, batch, p, device)
     scores, ranks = scores.cpu(), ops.rank_sessions(scores, n).cpu()
     out = []
-    for j, c in enumerate(convs):
+    for j, c in enumerate(conversation_ids):
         meta = view.conversations[int(ci[j])]
         top = ranks[j, :min(k, int(n[j]))]
         top = top[top >= 0]

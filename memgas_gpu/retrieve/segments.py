@@ -12,7 +12,8 @@
   signals, lexical scores, cues and graphs read.  A view over one conversation costs
   what that conversation costs; its derived data (BM25 postings, cue tables, graphs of
   other settings) lives in the view, which the index's cache owns
-  (:mod:`.cache`).
+  (:mod:`.cache`).  The read path (:mod:`.engine`, :mod:`.signals`, :mod:`.cues`,
+  :mod:`.graphs`, :mod:`memgas_gpu.lexical`) reads views, and only views.
 """
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ import torch
 from torch import Tensor
 
 from ..granularity import N_GRAN
+from ..ops.csr import empty_csr, join_csr, split_csr
 from .meta import ConversationMeta, GraphParams
 from .store import StoreTables, has_unused_terms, without_unused_terms
 
-__all__ = ["Segment", "State", "View", "next_version", "split_graph", "join_graphs",
-           "local_graph", "empty_local", "with_segment"]
+__all__ = ["Segment", "State", "View", "next_version", "split_graph", "local_graph",
+           "with_segment", "without_segment"]
 
 _VERSIONS = itertools.count(1)
 
@@ -36,12 +38,6 @@ _VERSIONS = itertools.count(1)
 def next_version() -> int:
     """A version number never used before in this process (segments and states)."""
     return next(_VERSIONS)
-
-
-def empty_local(n_rows: int) -> tuple[Tensor, Tensor]:
-    """Local CSR of ``n_rows`` sessions and no edges."""
-    return (torch.zeros(n_rows * N_GRAN + 1, dtype=torch.long),
-            torch.zeros(0, dtype=torch.long))
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,16 +80,20 @@ class State:
         ids: conversation id → position in ``segments``.
         tables: the store snapshot the segments' slots point into.
         version: unique per published state.
-        packed: optional ready :class:`View` of every conversation, exactly as given to
-            the constructor (so reading ``index.gran`` after a build or a load copies
-            nothing).
     """
 
     segments: tuple
     ids: dict
     tables: StoreTables
     version: int = field(default_factory=next_version)
-    packed: Optional["View"] = None
+    _live: frozenset = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_live", frozenset(s.version for s in self.segments))
+
+    def holds(self, versions) -> bool:
+        """Whether every segment version in ``versions`` is one of this state's."""
+        return all(v in self._live for v in versions)
 
     def position(self, conversation_id) -> int:
         i = self.ids.get(conversation_id)
@@ -103,28 +103,9 @@ class State:
 
 
 def split_graph(indptr: Tensor, indices: Tensor, conv_offsets: Tensor) -> list:
-    """Block-diagonal CSR → one local CSR per conversation (nodes renumbered from 0)."""
-    out = []
-    offs = conv_offsets.tolist()
-    for a, b in zip(offs[:-1], offs[1:]):
-        na, nb = a * N_GRAN, b * N_GRAN
-        p0, p1 = int(indptr[na]), int(indptr[nb])
-        out.append((indptr[na:nb + 1] - p0, indices[p0:p1] - na))
-    return out
-
-
-def join_graphs(parts: Sequence[tuple]) -> tuple[Tensor, Tensor]:
-    """Local CSRs of consecutive conversations → one block-diagonal CSR."""
-    if not parts:
-        return torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    ptrs, idxs = [torch.zeros(1, dtype=torch.long)], []
-    nnz = node = 0
-    for ip, ix in parts:
-        ptrs.append(ip[1:] + nnz)
-        idxs.append(ix + node)
-        nnz += int(ix.numel())
-        node += int(ip.numel()) - 1
-    return torch.cat(ptrs), torch.cat(idxs)
+    """Block-diagonal graph of consecutive conversations (``conv_offsets``: their rows)
+    → one local graph per conversation."""
+    return split_csr(indptr, indices, (conv_offsets * N_GRAN).tolist())
 
 
 def local_graph(node_emb: Tensor, n_rows: int, params: GraphParams,
@@ -133,7 +114,7 @@ def local_graph(node_emb: Tensor, n_rows: int, params: GraphParams,
     from .graphs import graph_chunk
 
     if n_rows == 0:
-        return empty_local(0)
+        return empty_csr(0)
     return graph_chunk(node_emb, [n_rows], params, device)
 
 
@@ -144,15 +125,21 @@ class View:
     ``row_slot`` (into the store tables ``gran``, ``concat``, ``turns``, ``turn_ptr``,
     ``turn_text``), ``lexical`` (its own derived caches), ``params``, ``config``, and
     :meth:`graph`.  ``cache`` holds whatever else a reader derives from it.  ``conv``
-    is the ``[C]`` index of each of its conversations in the state.
+    is the ``[C]`` index of each of its conversations in the state.  A view never
+    changes once made: its caches only memoize what its data determines.
 
-    A ``canonical`` view renumbers the slots it uses in order of first use (what a
-    fresh build of the same conversations stores), copying the tables when the store
-    holds other slots too; :attr:`graphs` then holds every graph the index saves.
+    A ``canonical`` view renumbers the slots it uses in order of first use and keeps
+    only the vocabulary terms they use (what a fresh build of the same conversations
+    stores), copying the tables when the store holds more.
+
+    Args:
+        graphs: joined graphs of exactly these conversations, by setting key, when the
+            caller holds them already (a build or a load: nothing is joined again).
     """
 
     def __init__(self, state: State, conv: Sequence[int], params: GraphParams,
-                 config: dict, canonical: bool = False) -> None:
+                 config: dict, canonical: bool = False,
+                 graphs: Optional[dict] = None) -> None:
         segs = [state.segments[c] for c in conv]
         self.state = state
         self.segments = segs
@@ -160,31 +147,36 @@ class View:
         self.conversations = [s.meta for s in segs]
         sizes = torch.tensor([s.n for s in segs], dtype=torch.long)
         self.conv_offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-        self.row_slot = (torch.cat([s.slots for s in segs]) if segs
-                         else torch.zeros(0, dtype=torch.long))
+        row_slot = (torch.cat([s.slots for s in segs]) if segs
+                    else torch.zeros(0, dtype=torch.long))
         self.params = params
         self.config = config
         #: anything a reader derives from this view (cue tables, node blocks, ...)
         self.cache: dict = {}
         #: graph key → joined CSR of these conversations
-        self.graph_cache: dict = {}
-        #: graph settings :attr:`graphs` lists (set by ``MemoryIndex.snapshot``)
-        self.graph_keys: frozenset = frozenset()
+        self.graph_cache: dict = dict(graphs or {})
         t = state.tables
         if canonical:
-            t = self._renumber(t)
+            row_slot, t = _canonical(row_slot, t)
+        self.row_slot = row_slot
         self.tables = t
         self.gran, self.concat = t.gran, t.concat
         self.turns, self.turn_ptr, self.turn_text = t.turns, t.turn_ptr, t.turn_text
         self.lexical = t.lexical_index()
 
-    def _first_use(self, n_slots: int) -> Tensor:
-        """The slots the view uses, in order of first use."""
-        rs = self.row_slot
-        first = torch.full((n_slots,), rs.numel(), dtype=torch.long)
-        first.scatter_reduce_(0, rs, torch.arange(rs.numel()), "amin")
-        used = torch.nonzero(first < rs.numel()).squeeze(1)
-        return used[torch.argsort(first[used])]
+    def positions(self, conversation_ids: Sequence[str]) -> Tensor:
+        """``[len(conversation_ids)]`` position in this view of each conversation.
+
+        Raises:
+            KeyError: a conversation the view does not hold.
+        """
+        ids = self.cache.get("ids")
+        if ids is None:
+            ids = self.cache["ids"] = {m.id: i for i, m in enumerate(self.conversations)}
+        try:
+            return torch.tensor([ids[c] for c in conversation_ids], dtype=torch.long)
+        except KeyError as e:
+            raise KeyError(f"no conversation {e.args[0]!r} in this view") from None
 
     def is_canonical(self) -> bool:
         """Whether the view stores what a fresh build of its conversations would: every
@@ -193,26 +185,10 @@ class View:
         got = self.cache.get("canonical")
         if got is None:
             n = self.tables.n_slots
-            rs = self.row_slot
-            got = ((rs.numel() == n and torch.equal(rs, torch.arange(n)))
-                   or torch.equal(self._first_use(n), torch.arange(n))) \
-                and not has_unused_terms(self.tables)
+            got = torch.equal(_first_use(self.row_slot, n), torch.arange(n)) and \
+                not has_unused_terms(self.tables)
             self.cache["canonical"] = got
         return got
-
-    def _renumber(self, t: StoreTables) -> StoreTables:
-        """Slots in order of first use and only the terms they use; a copy of the tables
-        only when needed."""
-        n = t.n_slots
-        rs = self.row_slot
-        if not (rs.numel() == n and (n == 0 or torch.equal(rs, torch.arange(n)))):
-            order = self._first_use(n)
-            if not (order.numel() == n and torch.equal(order, torch.arange(n))):
-                new_of = torch.full((n,), -1, dtype=torch.long)
-                new_of[order] = torch.arange(order.numel())
-                self.row_slot = new_of[rs]
-                t = t.take(order)
-        return without_unused_terms(t)
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -232,13 +208,25 @@ class View:
         slots = self.row_slot if rows is None else self.row_slot[rows]
         return self.gran[slots].reshape(-1, self.dim)
 
-    def stored(self, table: str) -> Optional[Tensor]:
-        """The dense table ``table`` (``[n_slots, d]``, rows by slot), or None."""
-        return self.tables.dense.get(table)
+    def dense_table(self, name: str) -> Optional[Tensor]:
+        """The dense table ``name`` (``[n_slots, d]``, rows by slot), or None."""
+        return self.tables.dense.get(name)
 
-    def local(self, conversation_index: int) -> int:
-        """Position in this view of the state's conversation ``conversation_index``."""
-        return int(torch.searchsorted(self.conv, torch.tensor(conversation_index)))
+    def provides(self, need: str) -> bool:
+        """Whether the view holds what a signal ``needs``: ``"gran"``, ``"turns"``, a
+        dense table name, or ``"lexical:<documents>"``."""
+        if need == "gran":
+            return True
+        if need == "turns":
+            return self.turns is not None
+        if need.startswith("lexical:"):
+            return self.lexical is not None and need[len("lexical:"):] in self.lexical.docs
+        return need in self.tables.dense
+
+    @property
+    def keeps_text(self) -> bool:
+        """Whether the view holds turn texts (evidence, the speaker cue)."""
+        return self.turn_text is not None
 
     # ------------------------------------------------------------------ graphs
     def graph(self, params: Optional[GraphParams] = None, device: Optional[str] = None
@@ -253,27 +241,54 @@ class View:
         missing = [i for i, s in enumerate(self.segments) if key not in s.graphs]
         if missing:
             self._build(missing, params, device)
-        got = join_graphs([s.graphs[key] for s in self.segments])
+        got = join_csr([s.graphs[key] for s in self.segments])
         self.graph_cache[key] = got
         return got
 
     def _build(self, which: list, params: GraphParams, device: Optional[str]) -> None:
+        """Build one setting's graph of the segments ``which`` (positions in this view)
+        and keep it with them: the same content for the same segment version."""
         from .graphs import build_graph
 
         sub = View(self.state, [int(self.conv[i]) for i in which], self.params, self.config)
-        sub.tables, sub.gran = self.tables, self.gran
-        sub.row_slot = torch.cat([self.row_slot[int(self.conv_offsets[i]):
-                                                int(self.conv_offsets[i + 1])]
-                                  for i in which])
         ip, ix = build_graph(sub, params, device=device, progress=False)
         for i, local in zip(which, split_graph(ip, ix, sub.conv_offsets)):
             self.segments[i].graphs.setdefault(params.key(), local)
 
     @property
     def graphs(self) -> dict:
-        """The graphs of :attr:`graph_keys` (the settings the index saves), joined."""
+        """Every graph setting all its conversations hold (key → joined graph)."""
         return {k: self.graph(GraphParams.from_key(k, self.params))
-                for k in sorted(self.graph_keys)}
+                for k in sorted(self.saved_graph_keys())}
+
+    def saved_graph_keys(self) -> frozenset:
+        """The graph settings every conversation of the view holds (what a save keeps)."""
+        if not self.segments:
+            return frozenset()
+        keys = set(self.segments[0].graphs)
+        for s in self.segments[1:]:
+            keys &= s.graphs.keys()
+        return frozenset(keys)
+
+
+def _first_use(row_slot: Tensor, n_slots: int) -> Tensor:
+    """The slots ``row_slot`` uses, in order of first use."""
+    first = torch.full((n_slots,), row_slot.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, row_slot, torch.arange(row_slot.numel()), "amin")
+    used = torch.nonzero(first < row_slot.numel()).squeeze(1)
+    return used[torch.argsort(first[used])]
+
+
+def _canonical(row_slot: Tensor, t: StoreTables) -> tuple[Tensor, StoreTables]:
+    """Rows renumbered to slots in order of first use, and tables holding only those
+    slots and the terms they use; the same tensors when nothing changes."""
+    n = t.n_slots
+    order = _first_use(row_slot, n)
+    if not torch.equal(order, torch.arange(n)):
+        new_of = torch.full((n,), -1, dtype=torch.long)
+        new_of[order] = torch.arange(order.numel())
+        row_slot, t = new_of[row_slot], t.take(order)
+    return row_slot, without_unused_terms(t)
 
 
 def with_segment(state: State, i: int, seg: Segment, tables: StoreTables) -> State:
@@ -289,3 +304,10 @@ def with_segment(state: State, i: int, seg: Segment, tables: StoreTables) -> Sta
         segs[i] = seg
     return State(tuple(segs), ids, tables)
 
+
+
+def without_segment(state: State, i: int, tables: StoreTables) -> State:
+    """``state`` without conversation ``i`` (later conversations move up one)."""
+    segs = list(state.segments)
+    del segs[i]
+    return State(tuple(segs), {s.id: j for j, s in enumerate(segs)}, tables)

@@ -11,7 +11,7 @@ weight seeds PageRank).  The registry is the only home of a signal: adding one i
 * a signal over a text of its own passes ``text(session, summary, keywords) -> str``:
   ``MemoryIndex.build`` and ``add_session`` store that text of every session (dense: its
   embedding, scored by ``<q, x>``; lexical: its tokens, one BM25 document per session),
-  ``save`` / ``load`` keep it, and :func:`available` knows whether an index has it;
+  ``save`` / ``load`` keep it, and :func:`available` knows whether a view has it;
 * a lexical signal scores one document set (``docs``: a granularity's documents, or its
   own) and says how the documents of a session combine (``reduce``: ``"sum"``,
   ``"max"``, ``"mean"``).
@@ -43,8 +43,8 @@ from ..ops.query_layout import Layout, query_layout
 from ..ops.sparse import quiet_sparse_warnings
 
 __all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
-           "compute_signals", "query_layout", "signal_nodes", "available", "has",
-           "stored_texts", "lexical_specs", "concat_text", "RESERVED_TABLES"]
+           "compute_signals", "query_layout", "signal_nodes", "available",
+           "signal_texts", "lexical_specs", "concat_text", "RESERVED_TABLES"]
 
 
 @dataclass
@@ -72,10 +72,10 @@ class QueryBatch:
 
 @dataclass
 class SignalContext:
-    """What signal functions read: the index, the queries, their layout, the device,
+    """What signal functions read: the view, the queries, their layout, the device,
     BM25 settings and optionally another lexical index (the sweep's tokenizer grid)."""
 
-    index: Any
+    view: Any
     batch: QueryBatch
     layout: Layout
     device: torch.device
@@ -192,7 +192,7 @@ def register(name: str, node: str, kind: str, compute: Optional[Callable] = None
     return sig
 
 
-def stored_texts(kind: str) -> dict:
+def signal_texts(kind: str) -> dict:
     """``{table or docs: text function}`` of the registered signals of ``kind`` that store
     a text of their own (what ``MemoryIndex.build`` and ``add_session`` store)."""
     out = {}
@@ -213,7 +213,7 @@ def _per_conversation(ctx: SignalContext):
     conv = ctx.batch.q_conv.to(torch.int64).cpu()
     order = torch.argsort(conv, stable=True)
     convs, counts = torch.unique_consecutive(conv[order], return_counts=True)
-    offs = ctx.index.conv_offsets.tolist()
+    offs = ctx.view.conv_offsets.tolist()
     o = 0
     for c, k in zip(convs.tolist(), counts.tolist()):
         yield c, order[o:o + k], offs[c], offs[c + 1]
@@ -235,7 +235,7 @@ def _dense_nodes(ctx: SignalContext, names: Sequence[str]) -> dict:
     over conversations).  Both compute the same dot products; float32 rounding may
     differ in the last bit.  Float64 when the index is float64.
     """
-    idx, dev = ctx.index, ctx.device
+    idx, dev = ctx.view, ctx.device
     lay = ctx.layout
     Q, N = len(ctx.batch), lay.n_max
     dt = torch.float64 if idx.gran.dtype == torch.float64 else torch.float32
@@ -278,8 +278,8 @@ def _sampled_nodes(idx, qe: Tensor, lay: Layout, dt, dev) -> Tensor:
 
 def _dense_best_turn(ctx: SignalContext, names: Sequence[str]) -> dict:
     """``dense_Tmax``: max over each session's turns of ``<q, turn>`` (-1 without turns)."""
-    idx, dev = ctx.index, ctx.device
-    if getattr(idx, "turns", None) is None:
+    idx, dev = ctx.view, ctx.device
+    if idx.turns is None:
         raise ValueError("signal dense_Tmax needs per-turn embeddings: build the index with "
                          "keep_turns=True")
     Q, N = len(ctx.batch), ctx.layout.n_max
@@ -296,12 +296,12 @@ def _dense_best_turn(ctx: SignalContext, names: Sequence[str]) -> dict:
 def _dense_table(ctx: SignalContext, names: Sequence[str]) -> dict:
     """Signals with a dense table of their own (``dense_concat``: the reference's "hybrid"
     text, summary + keywords + session): ``<q, x>``, one product per conversation."""
-    idx, dev = ctx.index, ctx.device
+    idx, dev = ctx.view, ctx.device
     Q, N = len(ctx.batch), ctx.layout.n_max
     out = {}
     for name in names:
         table = SIGNALS[name].table
-        x_all = idx.stored(table)
+        x_all = idx.dense_table(table)
         if x_all is None:
             raise ValueError(f"signal {name} needs the table {table!r}, which this index does "
                              "not store" + (" (built with concat=False)"
@@ -323,15 +323,14 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     cue = (ctx.speaker_gamma > 0 and "bm25_Tmax" in names and ctx.lexical is None
            and ctx.batch.q_text is not None)
     plain = [n for n in names if not (cue and n == "bm25_Tmax")]
-    out = lexical_signals(ctx.index, names=plain, specs=lexical_specs(plain),
+    out = lexical_signals(ctx.view, ctx.batch.q_terms, ctx.batch.q_conv,
+                          lexical_specs(plain),
                           params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
-                          device=str(ctx.device), queries=ctx.batch.q_terms,
-                          query_conversation=ctx.batch.q_conv,
-                          lexical=ctx.lexical) if plain else {}
+                          device=str(ctx.device), lexical=ctx.lexical) if plain else {}
     if cue:
         from .cues import speaker_turn_signal
 
-        out["bm25_Tmax"] = speaker_turn_signal(ctx.index, ctx.batch.q_text, ctx.batch.q_conv,
+        out["bm25_Tmax"] = speaker_turn_signal(ctx.view, ctx.batch.q_text, ctx.batch.q_conv,
                                                ctx.batch.q_terms, ctx.layout,
                                                ctx.speaker_gamma, ctx.k1, ctx.b,
                                                ctx.bm25_method, str(ctx.device))
@@ -382,22 +381,6 @@ def signal_nodes(names: Sequence[str]) -> list[int]:
     return [SIGNALS[n].node_index for n in names]
 
 
-def has(index, need: str) -> bool:
-    """Whether ``index`` (a memory index or a view) stores what a signal ``needs``."""
-    stores = getattr(index, "stores", None)
-    if callable(stores):
-        return stores(need)
-    if need == "gran":
-        return True
-    if need == "turns":
-        return getattr(index, "turns", None) is not None
-    if need.startswith("lexical:"):
-        lex = getattr(index, "lexical", None)
-        return lex is not None and need[len("lexical:"):] in lex.docs
-    stored = getattr(index, "stored", None)
-    return stored is not None and stored(need) is not None
-
-
-def available(index, names: Optional[Sequence[str]] = None) -> list[str]:
-    """The signals (of ``names``, default all) this index can compute."""
-    return [n for n in names or SIGNALS if all(has(index, x) for x in SIGNALS[n].needs)]
+def available(view, names: Optional[Sequence[str]] = None) -> list[str]:
+    """The signals (of ``names``, default all) ``view`` holds the data of."""
+    return [n for n in names or SIGNALS if all(view.provides(x) for x in SIGNALS[n].needs)]

@@ -9,9 +9,10 @@ from .._io import find_surrogate
 from ..data.model import Session
 from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
-from .graphs import candidates, edges_of
+from ..ops.csr import csr_edges
+from .graphs import candidates
 from .meta import GraphParams
-from .signals import stored_texts
+from .signals import signal_texts
 
 __all__ = ["check_session", "check_date", "session_texts", "append_session", "grow_graph"]
 
@@ -73,7 +74,7 @@ def append_session(store, session: Session, summary: str, keywords: str, enc, di
     """Encode and tokenise a new distinct session (its texts from :func:`session_texts`)
     and append it to ``store``; returns its slot.  Checks the embeddings (width ``dim``,
     finite) before the store changes."""
-    dense_fn, lexical_fn = stored_texts("dense"), stored_texts("lexical")
+    dense_fn, lexical_fn = signal_texts("dense"), signal_texts("lexical")
     missing = [k for k in store.dense if k not in dense_fn] + \
         [k for k in (store.terms or {}) if k not in CODES and k not in lexical_fn]
     if missing:
@@ -120,4 +121,4 @@ def grow_graph(graph, gran: Tensor, p: GraphParams):
                                 skip_sessions=p.skip_sessions,
                                 accept="gmm" if gmm else "all",
                                 first_node=(n - 1) * N_GRAN).cpu()
-    return ops.symmetric_csr(torch.cat([edges_of(graph), new], dim=1), n * N_GRAN)
+    return ops.symmetric_csr(torch.cat([csr_edges(*graph), new], dim=1), n * N_GRAN)
