@@ -4,19 +4,43 @@ dates, :mod:`memgas_gpu.retrieve.cues`).  Used by ``multi_evidence.py`` and chec
 ``tests/test_cues.py``."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from memgas_gpu.data.speakers import named_speakers
 from memgas_gpu.retrieve.cues import (SpeakerBM25, SpeakerData, best_turn_scores,
                                       days_since_epoch, message_data, parse_date,
-                                      question_interval)
+                                      question_interval, speaker_bm25)
 
-__all__ = ["build_speaker_data", "speaker_signal", "time_tensors"]
+__all__ = ["QuestionSpeakers", "build_speaker_data", "speaker_weights", "speaker_signal",
+           "time_tensors"]
 
 
-def build_speaker_data(index, dataset) -> SpeakerData:
-    """:class:`SpeakerData` of ``index`` (built from ``dataset``, same conversations)."""
+@dataclass
+class QuestionSpeakers(SpeakerData):
+    """:class:`SpeakerData` of every conversation, and ``named``: ``[n_questions, P]``
+    bool, the speakers each of the index's questions names."""
+
+    named: Tensor = None
+
+
+def speaker_weights(index, data: QuestionSpeakers, gamma: float = 1.0,
+                    granularity: str = "T", k1: float = 1.5, b: float = 0.75,
+                    method: str = "lucene", device=None) -> SpeakerBM25:
+    """The engine's speaker-weighted BM25 of every conversation over turns (``"T"``) or
+    whole sessions (``"S"``), for every speaker slot a question can name."""
+    if granularity not in ("T", "S"):
+        raise ValueError(f"granularity must be 'T' or 'S', got {granularity!r}")
+    return speaker_bm25(index.snapshot(), data, data.named.shape[1], gamma, k1, b, method,
+                        device, message_doc=data.msg_turn if granularity == "T"
+                        else data.msg_row)
+
+
+def build_speaker_data(index, dataset) -> QuestionSpeakers:
+    """:class:`QuestionSpeakers` of ``index`` (built from ``dataset``, same
+    conversations)."""
     view = index.snapshot()
     if view.lexical is None:
         raise ValueError("the speaker cue needs an index built with lexical=True")
@@ -31,13 +55,14 @@ def build_speaker_data(index, dataset) -> SpeakerData:
 
     data = message_data(view, range(index.n_conversations), sessions)
     speakers = data.speakers
-    named = torch.zeros(len(index.questions), data.named.shape[1], dtype=torch.bool)
+    P = max((len(n) for n in speakers), default=0)
+    named = torch.zeros(len(index.questions), P, dtype=torch.bool)
     for qi, q in enumerate(index.questions):
         names = speakers[int(index.q_conv[qi])]
         if names:
             named[qi, :len(names)] = torch.tensor(named_speakers(q.text, names))
-    data.named = named
-    return data
+    return QuestionSpeakers(data.docs, data.msg_row, data.msg_turn, data.msg_speaker,
+                            data.speakers, named)
 
 
 def speaker_signal(index, data: SpeakerData, questions: Tensor,

@@ -33,7 +33,7 @@ from memgas_gpu.eval import evaluate
 from memgas_gpu.lexical import lexical_signals, BM25Params
 from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.cues import question_interval, speaker_bm25
+from memgas_gpu.retrieve.cues import question_interval
 from memgas_gpu.granularity import N_GRAN
 from memgas_gpu.retrieve.engine import read_path, resolve
 from memgas_gpu.retrieve.graphs import lexical_graph
@@ -41,7 +41,7 @@ from memgas_gpu.retrieve.search import Retrieval
 from memgas_gpu.retrieve.signals import (SignalContext, compute_signals, lexical_specs,
                                          query_layout, signal_nodes)
 
-from cue_stages import build_speaker_data, speaker_signal, time_tensors
+from cue_stages import build_speaker_data, speaker_signal, speaker_weights, time_tensors
 from rerank_stages import (feedback_weights, mmr, query_term_scores, rm3_expand,
                            term_coverage, xquad)
 
@@ -189,7 +189,7 @@ def run_source(index, ds, log) -> dict:
         f"{int((spk.named.sum(1) == 1).sum())}/{len(index.questions)}")
     spk_sig = {}
     for gamma, which in itertools.product((0.5, 1.0, 2.0, 4.0), ("T", "S", "TS")):
-        sw = {g: speaker_bm25(index.snapshot(), spk, gamma, g, p.k1, p.b, p.bm25_method, "cpu")
+        sw = {g: speaker_weights(index, spk, gamma, g, p.k1, p.b, p.bm25_method, "cpu")
               for g in which}  # index-time (once per setting)
 
         def spk_path():
@@ -244,7 +244,7 @@ def time_recommended(index, ds, qi, rows, valid, conv, start, p, log, reps=9) ->
     Index-time work (speaker weights, session dates, question intervals, like question
     tokens and embeddings) is done once outside the timed region."""
     spk = build_speaker_data(index, ds)
-    sw = speaker_bm25(index.snapshot(), spk, REC["gamma"], "T", p.k1, p.b, p.bm25_method, "cpu")
+    sw = speaker_weights(index, spk, REC["gamma"], "T", p.k1, p.b, p.bm25_method, "cpu")
     qs, qe, sday = time_tensors(index)
     sd = torch.where(valid, sday[rows], torch.full(rows.shape, float("nan"),
                                                    dtype=torch.float64))

@@ -13,12 +13,13 @@ from _views import question_signals
 from memgas_gpu.ops.bm25f import field_weighted_counts
 from memgas_gpu.ops.time_affinity import time_affinity
 from memgas_gpu.retrieve.cues import (named_speakers, parse_date, question_interval,
-                                      speaker_bm25, split_messages)
+                                      split_messages)
 
 from _benchmarks import load_benchmark
 
 _cues = load_benchmark("cue_stages")  # the dataset path of the cues (research code)
 build_speaker_data, speaker_signal = _cues.build_speaker_data, _cues.speaker_signal
+speaker_weights = _cues.speaker_weights
 
 pytest.importorskip("dateutil")
 
@@ -107,11 +108,11 @@ def test_speaker_signal_is_bm25_with_the_named_speakers_messages_repeated(locomo
     qi = torch.arange(len(idx.questions))
     plain = question_signals(idx, ("bm25_S", "bm25_Tmax"), qi, device="cpu")
     for g, name in (("T", "bm25_Tmax"), ("S", "bm25_S")):
-        got = speaker_signal(idx, data, qi, speaker_bm25(idx.snapshot(), data, 0.0, g, device="cpu"))
+        got = speaker_signal(idx, data, qi, speaker_weights(idx, data, 0.0, g, device="cpu"))
         assert torch.allclose(got, plain[name], rtol=1e-5, atol=1e-5)
     tok = idx.snapshot().lexical.tokenizer
     names = data.speakers[0]
-    got = speaker_signal(idx, data, qi, speaker_bm25(idx.snapshot(), data, 1.0, "T", device="cpu"))
+    got = speaker_signal(idx, data, qi, speaker_weights(idx, data, 1.0, "T", device="cpu"))
     owner = np.repeat(np.arange(len(conv.sessions)), [len(s.turns) for s in conv.sessions])
     checked = 0
     for i in range(40):

@@ -11,7 +11,7 @@ from memgas_gpu.lexical import BM25Params
 from _views import question_signals
 from memgas_gpu.retrieve import METHODS, retrieve
 from memgas_gpu.ops import normalise_signals as _normalise
-from memgas_gpu.retrieve import SIGNALS
+from memgas_gpu.retrieve.signals import fused_signals
 from memgas_gpu.retrieve.graphs import lexical_graph
 
 pytest.importorskip("Stemmer")
@@ -78,7 +78,7 @@ def test_zscore_is_affine_invariant():
 
 def test_every_signal_and_fusion_runs(locomo_index):
     _, idx = locomo_index
-    for s in SIGNALS:
+    for s in fused_signals():
         r = retrieve(idx, method="memgas_hybrid", device="cpu",
                      signals=(s,), fusion="sum")
         assert torch.isfinite(r.scores[0, :19]).all()

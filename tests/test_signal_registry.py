@@ -111,3 +111,64 @@ def test_malformed_declarations_are_refused():
         with pytest.raises((ValueError, KeyError)):
             register(**bad)
         assert "x" not in SIGNALS and "a+b" not in SIGNALS
+
+
+def test_a_cue_is_one_register_call_and_survives_a_load_elsewhere(conv, tmp_path):
+    """A recency cue written outside the package (tests/_recency_cue.py: one register
+    call, no edit of the engine) adds its weight to exactly the latest session of each
+    conversation; a save records its module, and a load in a new process that never
+    imported it finds it again and scores the same (by hand: scores without the cue,
+    plus the weight on the last session)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from memgas_gpu.encode import Encoder
+    from memgas_gpu.encode.tiny import make_random_bert
+
+    import _recency_cue  # noqa: F401  registers "recency"
+
+    try:
+        enc = Encoder(make_random_bert(str(tmp_path / "bert")), device="cpu", max_length=64)
+        idx = MemoryIndex.build(Dataset([conv]), enc, summaries="source", device="cpu",
+                                progress=False)
+        qs = [q.text for q in conv.questions[:4]]
+        last = conv.sessions[-1].id
+        plain = idx.search(conv.id, qs, k=7, method="memgas_hybrid", device="cpu")
+        cued = idx.search(conv.id, qs, k=7, method="memgas_hybrid", device="cpu",
+                          cues={"recency": 0.75})
+        for a, b in zip(plain, cued):
+            want = {s: v + (0.75 if s == last else 0.0) for s, v in zip(a.session_ids, a.scores)}
+            assert dict(zip(b.session_ids, b.scores)) == pytest.approx(want, abs=1e-6)
+        with pytest.raises(ValueError, match="unknown cue"):
+            idx.search(conv.id, qs, cues={"nope": 1.0})
+        idx.save(tmp_path / "ix")
+        assert json.loads(next((tmp_path / "ix").glob("v-*/manifest.json")).read_text())[
+            "signal_modules"]["recency"] == "_recency_cue"
+    finally:
+        SIGNALS.pop("recency", None)
+        sys.modules.pop("_recency_cue", None)
+    code = (
+        "import json, sys\n"
+        "from memgas_gpu.retrieve import MemoryIndex\n"
+        "from memgas_gpu.retrieve.signals import SIGNALS\n"
+        "assert 'recency' not in SIGNALS\n"
+        f"idx = MemoryIndex.load({str(tmp_path / 'ix')!r})\n"
+        f"r = idx.search({conv.id!r}, json.loads(sys.argv[1]), k=7, method='memgas_hybrid',"
+        " device='cpu', cues={'recency': 0.75})\n"
+        "print(json.dumps([[x.session_ids, x.scores] for x in r]))\n")
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [tests, str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(qs)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for (ids, scores), b in zip(got, cued):
+        assert ids == b.session_ids and scores == pytest.approx(b.scores, abs=1e-6)
+    env["MEMGAS_IMPORT_SIGNALS"] = "0"  # a folder from someone else: nothing imported
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(qs)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode != 0 and "MEMGAS_IMPORT_SIGNALS=0" in out.stderr

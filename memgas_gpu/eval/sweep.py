@@ -10,16 +10,18 @@ Results carry overall, per-type and per-conversation ``recall_all@k``, and
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Optional, Sequence
 
 import torch
 
 from ..retrieve.engine import (HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
-                               finish, resolve, time_cue)
+                               finish, resolve)
 from ..retrieve.graphs import read_graph
 from ..retrieve.search import Retrieval
-from ..retrieve.signals import SIGNALS, SignalContext, available, compute_signals, query_layout
+from ..retrieve.signals import (SIGNALS, SignalContext, available, compute_cues,
+                                compute_signals, fused_signals, query_layout)
 from .. import ops
 from .runner import evaluate
 
@@ -40,7 +42,7 @@ PLAIN_BM25 = "bm25 (bm25s defaults)"
 def signal_set(spec: str) -> tuple:
     """``"bm25_S+dense_Tmax"`` or an alias: ``all``, ``lexical``, ``dense``, ``default``,
     ``extractive``."""
-    sig = tuple(SIGNALS)
+    sig = fused_signals()
     aliases = {"all": tuple(s for s in sig if s != "dense_concat"),
                "dense": tuple(s for s in sig if SIGNALS[s].kind == "dense"
                               and s != "dense_concat"),
@@ -49,7 +51,7 @@ def signal_set(spec: str) -> tuple:
     if spec in aliases:
         return aliases[spec]
     out = tuple(x for x in spec.split("+") if x)
-    bad = [x for x in out if x not in SIGNALS]
+    bad = [x for x in out if x not in sig]
     if bad or not out:
         raise SettingsError(f"unknown signal(s) {bad} in {spec!r}; use names joined by '+' "
                             f"({', '.join(sig)}) or one of {sorted(aliases)}")
@@ -101,7 +103,9 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
     lay = query_layout(view.conv_offsets, batch.q_conv)
     scored = torch.tensor([not q.is_abstention for q in index.questions], dtype=torch.bool)
     names = available(view, signal_set("all"))
-    cue = time_cue(view, batch, lay, dev)
+    # every registered cue, once: its weight is a setting of each grid point
+    cues = compute_cues(SignalContext(view, batch, lay, dev, resolve(view, method)[0]),
+                        [n for n, s in SIGNALS.items() if s.kind == "cue"])
     bm25_axes = [k for k in BM25_KEYS if k in grid]
     fuse_axes = [k for k in grid if k not in BM25_KEYS]
     results = []
@@ -125,10 +129,9 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
         if lexical is not None:
             lexb = type(batch)(batch.q_emb, batch.q_conv, lexical.queries.rows(qi))
         base = resolve(view, method)[0]
-        ctx = SignalContext(view, lexb, lay, dev, bp.get("k1", base.k1), bp.get("b", base.b),
-                            bp.get("bm25_method", base.bm25_method), lexical,
-                            bp.get("speaker_gamma", base.speaker_gamma))
-        return compute_signals(ctx, which)
+        p = dataclasses.replace(base, **{k: bp[k] for k in BM25_KEYS if k in bp
+                                         and k != "stopwords"})
+        return compute_signals(SignalContext(view, lexb, lay, dev, p, lexical), which)
 
     for bvals in itertools.product(*(grid[k] for k in bm25_axes)):
         bset = dict(zip(bm25_axes, bvals))
@@ -153,7 +156,7 @@ def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optiona
                 raise SettingsError(f"this index cannot compute signal(s) {missing}")
             cols = [names.index(s) for s in p.signals]
             s, n = finish(view, X[:, cols], lay, p, dev, _sweep_graph(view, p, dev, lexical),
-                          cue=cue)
+                          cues=cues)
             settings = {**bset, **fset}
             if "signals" in settings:
                 settings["signals"] = "+".join(p.signals)

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
-from .signals import RESERVED_TABLES
+from .signals import MODULE_NAME, RESERVED_TABLES
 from .store import DIGEST_BYTES
 
 __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
@@ -144,6 +144,13 @@ def check_manifest(where: str, m: Any) -> None:
         if "evidence_turn_ids" in q:  # optional: indexes written before turn evidence
             _want(where, q, "evidence_turn_ids", list, f"questions[{i}].evidence_turn_ids")
             _strings(where, q["evidence_turn_ids"], f"questions[{i}].evidence_turn_ids")
+    mods = m.get("signal_modules")
+    if mods is not None:  # optional: the modules of custom signals
+        _want(where, m, "signal_modules", dict, "signal_modules")
+        for k, v in mods.items():
+            if not isinstance(v, str) or not MODULE_NAME.fullmatch(v) or not _NAME.fullmatch(k):
+                raise IndexFormatError(f"{where}: field 'signal_modules.{k[:40]}': expected "
+                                       "a module name (dotted identifiers)")
     if "tables" in m:  # dense tables of signals with a text of their own ("concat", ...)
         _names(where, _want(where, m, "tables", list, "tables"), "tables")
     lex = m.get("lexical")

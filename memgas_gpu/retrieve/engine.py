@@ -35,8 +35,9 @@ from ..granularity import N_GRAN
 from ..ops.bm25 import BM25_METHODS
 from ..ops.normalise import NORMS
 from .checks import MAX_SETTING
-from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_signals,
-                      query_layout, signal_nodes)
+from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_cues,
+                      compute_signals, cue_weights, fused_signals, query_layout,
+                      signal_nodes)
 
 __all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "HYBRID_SIGNALS",
            "HYBRID_EXTRACTIVE_SIGNALS", "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError",
@@ -122,6 +123,7 @@ class ReadParams:
     bm25_method: str = "lucene"
     speaker_gamma: float = 0.0
     time_beta: float = 0.0
+    cues: tuple = ()
 
     def check(self) -> "ReadParams":
         """Validated copy (signals as a tuple); ``ValueError`` names the bad setting."""
@@ -130,10 +132,10 @@ class ReadParams:
             sig = tuple(x for x in sig.split("+") if x)
         if sig != "auto":
             sig = tuple(sig)
-            bad = [s for s in sig if s not in SIGNALS]
+            bad = [s for s in sig if s not in fused_signals()]
             if bad or not sig:
                 raise SettingsError(f"unknown signal(s) {bad or sig}; choose from "
-                                 f"{', '.join(SIGNALS)}")
+                                    f"{', '.join(fused_signals())}")
         for name, value, allowed in (("norm", self.norm, NORMS), ("fusion", self.fusion, FUSIONS),
                                      ("graph", self.graph, GRAPHS),
                                      ("router", self.router, ROUTERS),
@@ -144,7 +146,13 @@ class ReadParams:
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SETTING:
                 raise SettingsError(f"{name} must be an integer from 1 to {MAX_SETTING}, "
                                     f"got {v!r}")
-        return replace(self, signals=sig,
+        cues = self.cues.items() if isinstance(self.cues, dict) else self.cues
+        try:
+            cues = tuple(sorted((str(n), _finite(f"cues[{n!r}]", w, 0)) for n, w in cues))
+        except (TypeError, ValueError):
+            raise SettingsError(f"cues must map cue names to weights >= 0, got "
+                                f"{self.cues!r:.80}") from None
+        return replace(self, signals=sig, cues=cues,
                        temperature=_finite("temperature", self.temperature, 0, lo_open=True),
                        damping=_finite("damping", self.damping, 0, 1),
                        k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1),
@@ -155,6 +163,10 @@ class ReadParams:
         d = asdict(self)
         if isinstance(d["signals"], (tuple, list)):
             d["signals"] = "+".join(d["signals"])
+        if not d["cues"]:
+            del d["cues"]
+        else:
+            d["cues"] = dict(d["cues"])
         return d
 
 
@@ -233,6 +245,10 @@ def resolve(view, method: str = "memgas", params: Optional[ReadParams] = None,
         raise SettingsError(f"unknown setting(s) {bad}; settings are {', '.join(sorted(_FIELDS))}")
     p = replace(params if params is not None else PRESETS[method],
                 **{k: v for k, v in overrides.items() if v is not None}).check()
+    try:
+        cue_weights(p)  # every cue it weighs is registered
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
     info = {}
     if p.signals == "auto":
         sig, why = auto_signals(view)
@@ -313,29 +329,18 @@ def score(view, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
 
     dev = resolve_device(device)
     lay = query_layout(view.conv_offsets, batch.q_conv)
-    ctx = SignalContext(view, batch, lay, dev, p.k1, p.b, p.bm25_method, lexical,
-                        p.speaker_gamma)
+    ctx = SignalContext(view, batch, lay, dev, p, lexical)
     x = compute_signals(ctx, p.signals)
-    cue = time_cue(view, batch, lay, dev) if p.time_beta else None
-    return finish(view, x, lay, p, dev, read_graph(view, p, dev), backend, cue)
-
-
-def time_cue(view, batch: QueryBatch, lay, dev) -> Optional[Tensor]:
-    """``[Q, N]`` 1 where a session's date lies in the interval of the query's date
-    expression (see :mod:`memgas_gpu.retrieve.cues`), else 0; None without texts."""
-    from .cues import time_affinity_of
-
-    if batch.q_text is None:
-        return None
-    return time_affinity_of(view, batch.q_text, batch.q_date, lay).to(dev)
+    cues = compute_cues(ctx, list(cue_weights(p)))
+    return finish(view, x, lay, p, dev, read_graph(view, p, dev), backend, cues)
 
 
 def finish(view, x: Tensor, lay, p: ReadParams, dev: torch.device,
            graph: Optional[tuple], backend: str = "auto",
-           cue: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+           cues: Optional[dict] = None) -> tuple[Tensor, Tensor]:
     """Steps 2-6 for raw signals ``x`` of queries laid out as ``lay`` (the sweep reuses
-    one ``x`` for many settings), plus ``p.time_beta`` times the time ``cue``; see
-    :func:`score`."""
+    one ``x`` and ``cues`` for many settings), plus each cue of ``cues`` (``{name: [Q,
+    N]}``, unweighted) times its weight in ``p``; see :func:`score`."""
     valid = lay.valid.to(dev)
     _refuse_non_finite(x, valid[:, None, :].expand_as(x), "signal values")
     blocks = None
@@ -349,8 +354,10 @@ def finish(view, x: Tensor, lay, p: ReadParams, dev: torch.device,
     s = read_path(x, valid, p, node_of_signal=signal_nodes(p.signals), graph=graph,
                   node_base=lay.start * N_GRAN, query_conversation=lay.conv, blocks=blocks,
                   backend=backend)
-    if cue is not None and p.time_beta:
-        s = s + p.time_beta * cue.to(s.dtype)
+    for name, w in cue_weights(p).items():
+        if cues is None or name not in cues:
+            raise ValueError(f"the settings weigh the cue {name!r}, which was not computed")
+        s = s + w * cues[name].to(s.device, s.dtype)
     _refuse_non_finite(s, valid, "scores")
     return s.masked_fill(~valid, float("-inf")), lay.n
 

@@ -39,6 +39,7 @@ from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
 from ..ops.csr import empty_csr
+from .cues.dates import session_days
 from .engine import DEFAULT_METHOD, resolve
 from .graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
@@ -102,6 +103,8 @@ class MemoryIndex:
         #: (folders absolute, symbolic links resolved); a save into one of them after
         #: another writer's is refused (docs/failure.md)
         self.folder_versions: dict = {}
+        #: ``{signal: module}`` of the custom signals a loaded folder recorded
+        self.signal_modules: dict = {}
         self._encoder = None
         self._write_lock = threading.RLock()
         self._save_lock = threading.Lock()  # one save at a time (:meth:`save`)
@@ -509,7 +512,10 @@ class MemoryIndex:
             meta = ConversationMeta(conversation_id,
                                     [*(old.meta.session_ids if old else ()), session.id],
                                     [*(old.meta.session_dates if old else ()), session.date])
-            seg = Segment(meta, slots, graphs)
+            days = torch.cat([old.days if old is not None
+                              else torch.zeros(0, dtype=torch.float64),
+                              session_days([session.date])])
+            seg = Segment(meta, slots, graphs, days=days)
             self._publish(with_segment(st, len(st.segments) if ci is None else ci, seg,
                                        tables), [old.version] if old is not None else [])
 
@@ -543,7 +549,9 @@ class MemoryIndex:
             store = self._store
             store.track(st.segments)
             store.unref(int(old.slots[j]))
-            seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs)
+            days = torch.cat([old.days[:j], old.days[j + 1:]])
+            seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs,
+                          days=days)
             new = with_segment(st, ci, seg, st.tables)
             stale = [old.version]
             if store.wants_compaction():
@@ -569,7 +577,8 @@ class MemoryIndex:
         only when more than half the store is garbage)."""
         store, remap = self._store.compacted()
         self._store = store
-        segs = tuple(Segment(s.meta, remap[s.slots], s.graphs) for s in st.segments)
+        segs = tuple(Segment(s.meta, remap[s.slots], s.graphs, days=s.days)
+                     for s in st.segments)
         return State(segs, st.ids, store.tables()), [s.version for s in st.segments]
 
     def _publish(self, state: State, stale: Sequence[int]) -> None:

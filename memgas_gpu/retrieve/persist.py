@@ -9,6 +9,7 @@ what is read, and of what is about to be written, :mod:`.checks`'.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Optional, Union
@@ -19,10 +20,13 @@ from .._io import find_surrogate, json_loads, may_hold_surrogate
 from ..data.model import Question
 from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
 from .meta import ConversationMeta, GraphParams
+from .signals import custom_signal_modules, import_signal_modules
 from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
                       IndexConflictError, IndexLockError, check_lock_timeout, read_index_dir,
                       write_index_dir)
 from .texts import TextTable
+
+log = logging.getLogger(__name__)
 
 __all__ = ["save_index", "load_index", "FORMAT_VERSION", "FolderVersion", "IndexFormatError",
            "IndexConflictError", "IndexLockError"]
@@ -61,6 +65,8 @@ def _manifest(index, view, tensors: dict) -> dict:
         "format": FORMAT_NAME, "version": FORMAT_VERSION,
         "params": vars(view.params), "graphs": sorted(index.saved_graph_keys(view)),
         "tables": sorted(view.tables.dense),
+        # the modules of the custom signals, imported again by a load elsewhere
+        "signal_modules": {**index.signal_modules, **custom_signal_modules()},
         "config": view.config,
         "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
@@ -171,6 +177,9 @@ def load_index(path: Union[str, os.PathLike], cls=None):
         raise IndexFormatError(f"{mf}: inconsistent index ({type(e).__name__}: {e})") \
             from None
     index.folder_version = origin
+    index.signal_modules = dict(manifest.get("signal_modules") or {})
+    for line in import_signal_modules(index.signal_modules):
+        log.warning("%s: %s", mf, line)
     index.folder_versions = {origin.folder: origin.version}
     return index
 

@@ -47,6 +47,9 @@ class Segment:
     Attributes:
         meta: id, session ids and dates (treat as read-only).
         slots: ``[n]`` int64 store slot of each session, in order.
+        days: ``[n]`` float64 days since 1970-01-01 of each session's date (NaN: none),
+            read once when the segment is made (:func:`~memgas_gpu.retrieve.cues.dates.
+            session_days`) unless given.
         graphs: graph key (:meth:`GraphParams.key`) → local CSR ``(indptr, indices)``;
             graphs of other settings are added when first read (same content for the
             same version, so sharing the dict between states is safe).
@@ -57,6 +60,13 @@ class Segment:
     slots: Tensor
     graphs: dict = field(default_factory=dict)
     version: int = field(default_factory=next_version)
+    days: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.days is None:
+            from .cues.dates import session_days
+
+            object.__setattr__(self, "days", session_days(self.meta.session_dates))
 
     @property
     def id(self) -> str:
@@ -164,15 +174,39 @@ class View:
         self.turns, self.turn_ptr, self.turn_text = t.turns, t.turn_ptr, t.turn_text
         self.lexical = t.lexical_index()
 
+    def derived(self, name: str, build):
+        """``build()``, kept in the view's derived-data cache under ``name`` (one home
+        for derived data: :mod:`.cache`)."""
+        got = self.cache.get(name)
+        if got is None:
+            got = self.cache[name] = build()
+        return got
+
+    def session_days(self) -> Tensor:
+        """``[n_rows]`` float64 days since 1970-01-01 of each row's session date (NaN:
+        none): the segments' own, never parsed again."""
+        return self.derived("session_days", lambda: torch.cat(
+            [s.days for s in self.segments]) if self.segments
+            else torch.zeros(0, dtype=torch.float64))
+
+    def latest_days(self) -> list:
+        """Per conversation: its latest session date in days (NaN: none known)."""
+        def build():
+            out = []
+            for s in self.segments:
+                known = s.days[~torch.isnan(s.days)]
+                out.append(float(known.max()) if known.numel() else float("nan"))
+            return out
+
+        return self.derived("latest_days", build)
+
     def positions(self, conversation_ids: Sequence[str]) -> Tensor:
         """``[len(conversation_ids)]`` position in this view of each conversation.
 
         Raises:
             KeyError: a conversation the view does not hold.
         """
-        ids = self.cache.get("ids")
-        if ids is None:
-            ids = self.cache["ids"] = {m.id: i for i, m in enumerate(self.conversations)}
+        ids = self.derived("ids", lambda: {m.id: i for i, m in enumerate(self.conversations)})
         try:
             return torch.tensor([ids[c] for c in conversation_ids], dtype=torch.long)
         except KeyError as e:

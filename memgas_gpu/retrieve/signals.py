@@ -32,6 +32,10 @@ signal          score of session i for query q                           node
 """
 from __future__ import annotations
 
+import importlib
+import os
+import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -41,10 +45,13 @@ from torch import Tensor
 from ..granularity import N_GRAN, expand_ranges, granularity
 from ..ops.query_layout import Layout, query_layout
 from ..ops.sparse import quiet_sparse_warnings
+from .cues.speaker import speaker_turn_bm25
+from .cues.time import time_cue
 
 __all__ = ["Signal", "SIGNALS", "register", "QueryBatch", "Layout", "SignalContext",
-           "compute_signals", "query_layout", "signal_nodes", "available",
-           "signal_texts", "lexical_specs", "concat_text", "RESERVED_TABLES"]
+           "compute_signals", "compute_cues", "cue_weights", "fused_signals", "query_layout",
+           "signal_nodes", "available", "signal_texts", "lexical_specs", "concat_text",
+           "RESERVED_TABLES", "MODULE_NAME", "custom_signal_modules", "import_signal_modules"]
 
 
 @dataclass
@@ -72,18 +79,17 @@ class QueryBatch:
 
 @dataclass
 class SignalContext:
-    """What signal functions read: the view, the queries, their layout, the device,
-    BM25 settings and optionally another lexical index (the sweep's tokenizer grid)."""
+    """What signal functions read: the view, the queries, their layout, the device, the
+    read settings (:class:`~memgas_gpu.retrieve.ReadParams`: BM25's ``k1``, ``b``,
+    ``bm25_method``, the cues' settings, ...) and optionally another lexical index (the
+    sweep's tokenizer grid)."""
 
     view: Any
     batch: QueryBatch
     layout: Layout
     device: torch.device
-    k1: float = 1.5
-    b: float = 0.75
-    bm25_method: str = "lucene"
+    params: Any
     lexical: Any = None
-    speaker_gamma: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ class Signal:
     Attributes:
         name: its name in ``ReadParams.signals``.
         node: the granularity code whose graph nodes it seeds.
-        kind: ``"dense"`` or ``"lexical"``.
+        kind: ``"dense"``, ``"lexical"`` (fused by the read path) or ``"cue"`` (added to
+            the fused scores, weighted).
         compute: ``compute(ctx, names) -> {name: [Q, N]}`` (every requested signal it
             owns).
         description: one line for listings.
@@ -106,6 +113,10 @@ class Signal:
             its own name), or None.
         reduce: how a session's lexical documents combine: ``"sum"``, ``"max"``,
             ``"mean"``.
+        weight: a cue's weight: the :class:`~memgas_gpu.retrieve.ReadParams` setting
+            that holds it (``"time_beta"``), or None: its entry in ``ReadParams.cues``.
+        module: the module that registered it (recorded with a saved index, and
+            imported again when the index is loaded in another process).
     """
 
     name: str
@@ -118,6 +129,8 @@ class Signal:
     table: Optional[str] = None
     docs: Optional[str] = None
     reduce: str = "sum"
+    weight: Optional[str] = None
+    module: str = ""
 
     @property
     def node_index(self) -> int:
@@ -129,18 +142,23 @@ SIGNALS: dict[str, Signal] = {}
 RESERVED_TABLES = frozenset({"gran", "turns", "turn_ptr", "q_emb", "q_conv", "row_slot",
                              "conv_offsets"})
 REDUCTIONS = ("sum", "max", "mean")
+KINDS = ("dense", "lexical", "cue")
 
 
 def register(name: str, node: str, kind: str, compute: Optional[Callable] = None,
              description: str = "", *, needs: Sequence[str] = (),
              text: Optional[Callable] = None, table: Optional[str] = None,
-             docs: Optional[str] = None, reduce: str = "sum") -> Signal:
-    """Add a signal to :data:`SIGNALS` (see the module docstring).
+             docs: Optional[str] = None, reduce: str = "sum",
+             weight: Optional[str] = None) -> Signal:
+    """Add a signal to :data:`SIGNALS` (see the module docstring); a name registered
+    again replaces the earlier signal.
 
     Args:
         name: the signal's name.
         node: granularity name or code whose nodes it seeds.
-        kind: ``"dense"`` or ``"lexical"``.
+        kind: ``"dense"``, ``"lexical"`` or ``"cue"`` (a ``[Q, N]`` score added to the
+            fused session scores times its weight: ``ReadParams.cues[name]``, or the
+            setting named by ``weight``).
         compute: the function computing it (default: the generic one of its kind: the
             dot product with its stored table, or BM25 over its documents).
         description: one line.
@@ -153,6 +171,8 @@ def register(name: str, node: str, kind: str, compute: Optional[Callable] = None
             signal's own).
         reduce: lexical: ``"sum"`` (one document per session: its score), ``"max"`` or
             ``"mean"`` over a session's documents.
+        weight: cue: the ReadParams setting holding its weight (default: its entry in
+            ``ReadParams.cues``).
 
     Raises:
         ValueError: a malformed declaration (nothing registered).
@@ -161,8 +181,8 @@ def register(name: str, node: str, kind: str, compute: Optional[Callable] = None
         raise ValueError(f"a signal name is a non-empty string without '+' or '.', got "
                          f"{name!r}")
     code = granularity(node).code
-    if kind not in ("dense", "lexical"):
-        raise ValueError(f"signal {name!r}: kind must be 'dense' or 'lexical', got {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"signal {name!r}: kind must be one of {KINDS}, got {kind!r}")
     if reduce not in REDUCTIONS:
         raise ValueError(f"signal {name!r}: reduce must be one of {REDUCTIONS}, got "
                          f"{reduce!r}")
@@ -170,7 +190,11 @@ def register(name: str, node: str, kind: str, compute: Optional[Callable] = None
         raise ValueError(f"signal {name!r}: text must be callable(session, summary, "
                          "keywords) -> str")
     needs = tuple(needs)
-    if kind == "dense":
+    if kind == "cue":
+        if compute is None or text is not None or table is not None or docs is not None:
+            raise ValueError(f"cue {name!r} needs compute= (over the view's data) and "
+                             "stores nothing of its own")
+    elif kind == "dense":
         if text is not None or table is not None:
             table = table or name
             if table in RESERVED_TABLES or "." in table:
@@ -187,9 +211,78 @@ def register(name: str, node: str, kind: str, compute: Optional[Callable] = None
                              "text= (documents of its own)")
         needs = (f"lexical:{docs}",)
         compute = compute or _bm25
-    sig = Signal(name, code, kind, compute, description, needs, text, table, docs, reduce)
+    module = sys._getframe(1).f_globals.get("__name__", "")
+    sig = Signal(name, code, kind, compute, description, needs, text, table, docs, reduce,
+                 weight if kind == "cue" else None, module)
     SIGNALS[name] = sig
     return sig
+
+
+#: a module name a saved index may ask to import (dotted identifiers)
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,9}")
+
+
+def custom_signal_modules() -> dict:
+    """``{signal: module}`` of the registered signals that are not memgas_gpu's own (what
+    a save records, so that a load in another process finds them again)."""
+    return {n: s.module for n, s in SIGNALS.items()
+            if s.module and s.module != "__main__" and s.module != "memgas_gpu"
+            and not s.module.startswith("memgas_gpu.") and MODULE_NAME.fullmatch(s.module)}
+
+
+def import_signal_modules(modules: dict) -> list:
+    """Import the modules that registered the signals ``modules`` names (``{signal:
+    module}``, recorded by a save), for the signals not registered yet; returns one line
+    per signal that stays unregistered (the module is missing, fails, or does not
+    register it).  ``MEMGAS_IMPORT_SIGNALS=0`` in the environment turns it off: an
+    index from someone else then imports nothing."""
+    missing = {n: m for n, m in modules.items() if n not in SIGNALS}
+    if not missing:
+        return []
+    if os.environ.get("MEMGAS_IMPORT_SIGNALS", "1").strip() == "0":
+        return [f"signal {n!r} is not registered (its module {m!r} is not imported: "
+                "MEMGAS_IMPORT_SIGNALS=0)" for n, m in sorted(missing.items())]
+    out = []
+    for n, m in sorted(missing.items()):
+        if n in SIGNALS:
+            continue
+        if not MODULE_NAME.fullmatch(m):
+            out.append(f"signal {n!r}: {m[:80]!r} is not a module name; not imported")
+            continue
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - any failure of someone else's module
+            out.append(f"signal {n!r}: importing its module {m!r} failed "
+                       f"({type(e).__name__}: {' '.join(str(e).split())[:120]})")
+            continue
+        if n not in SIGNALS:
+            out.append(f"signal {n!r}: module {m!r} does not register it")
+    return out
+
+
+def fused_signals() -> tuple:
+    """The names ``ReadParams.signals`` may hold (every signal but the cues)."""
+    return tuple(n for n, s in SIGNALS.items() if s.kind != "cue")
+
+
+def cue_weights(p) -> dict:
+    """``{cue: weight}`` of the registered cues ``p`` (ReadParams) weighs above 0.
+
+    Raises:
+        ValueError: ``p.cues`` names a signal that is not a registered cue.
+    """
+    given = dict(p.cues)
+    bad = [n for n in given if n not in SIGNALS or SIGNALS[n].kind != "cue"]
+    if bad:
+        cues = [n for n, s in SIGNALS.items() if s.kind == "cue"]
+        raise ValueError(f"unknown cue(s) {bad}; the registered cues are {cues}")
+    out = {}
+    for n, s in SIGNALS.items():
+        if s.kind == "cue":
+            w = float(getattr(p, s.weight)) if s.weight else float(given.get(n, 0.0))
+            if w:
+                out[n] = w
+    return out
 
 
 def signal_texts(kind: str) -> dict:
@@ -320,21 +413,10 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     if ctx.batch.q_terms is None:
         raise ValueError("lexical signals need the queries' term counts (an index built "
                          "with lexical=True)")
-    cue = (ctx.speaker_gamma > 0 and "bm25_Tmax" in names and ctx.lexical is None
-           and ctx.batch.q_text is not None)
-    plain = [n for n in names if not (cue and n == "bm25_Tmax")]
-    out = lexical_signals(ctx.view, ctx.batch.q_terms, ctx.batch.q_conv,
-                          lexical_specs(plain),
-                          params=BM25Params(ctx.k1, ctx.b, ctx.bm25_method),
-                          device=str(ctx.device), lexical=ctx.lexical) if plain else {}
-    if cue:
-        from .cues import speaker_turn_signal
-
-        out["bm25_Tmax"] = speaker_turn_signal(ctx.view, ctx.batch.q_text, ctx.batch.q_conv,
-                                               ctx.batch.q_terms, ctx.layout,
-                                               ctx.speaker_gamma, ctx.k1, ctx.b,
-                                               ctx.bm25_method, str(ctx.device))
-    return out
+    p = ctx.params
+    return lexical_signals(ctx.view, ctx.batch.q_terms, ctx.batch.q_conv, lexical_specs(names),
+                           params=BM25Params(p.k1, p.b, p.bm25_method),
+                           device=str(ctx.device), lexical=ctx.lexical)
 
 
 def concat_text(session, summary: str, keywords: str) -> str:
@@ -351,10 +433,14 @@ register("dense_concat", "S", "dense", description=
          '<q, embedding of "{summary} {keywords} {session}">', text=concat_text,
          table="concat")
 register("bm25_S", "S", "lexical", description="BM25 against the session text", docs="S")
-register("bm25_Tmax", "T", "lexical", description="best turn by BM25", docs="T", reduce="max")
+register("bm25_Tmax", "T", "lexical", speaker_turn_bm25,
+         "best turn by BM25 (the named speaker's messages weighted: speaker_gamma)",
+         docs="T", reduce="max")
 register("bm25_Tmean", "T", "lexical", description="mean turn BM25", docs="T", reduce="mean")
 register("bm25_U", "U", "lexical", description="BM25 against the summary", docs="U")
 register("bm25_K", "K", "lexical", description="BM25 against the keywords", docs="K")
+register("time", "S", "cue", time_cue, "1 for a session dated inside the query's date "
+         "expression", weight="time_beta")
 
 
 def compute_signals(ctx: SignalContext, names: Sequence[str]) -> Tensor:
@@ -366,6 +452,10 @@ def compute_signals(ctx: SignalContext, names: Sequence[str]) -> Tensor:
     bad = [n for n in names if n not in SIGNALS]
     if bad or not names:
         raise ValueError(f"unknown signal(s) {bad}; choose from {', '.join(SIGNALS)}")
+    cues = [n for n in names if SIGNALS[n].kind == "cue"]
+    if cues:
+        raise ValueError(f"{cues} are cues: they are added to the fused scores (weights in "
+                         "ReadParams.cues), not fused as signals")
     got: dict = {}
     for fn in dict.fromkeys(SIGNALS[n].compute for n in names):
         mine = [n for n in names if SIGNALS[n].compute is fn]
@@ -382,5 +472,16 @@ def signal_nodes(names: Sequence[str]) -> list[int]:
 
 
 def available(view, names: Optional[Sequence[str]] = None) -> list[str]:
-    """The signals (of ``names``, default all) ``view`` holds the data of."""
-    return [n for n in names or SIGNALS if all(view.provides(x) for x in SIGNALS[n].needs)]
+    """The signals (of ``names``, default every fused one) ``view`` holds the data of."""
+    return [n for n in names or fused_signals()
+            if all(view.provides(x) for x in SIGNALS[n].needs)]
+
+
+def compute_cues(ctx: SignalContext, names: Sequence[str]) -> dict:
+    """``{cue: [Q, N_max]}`` of the cues ``names`` (unweighted; 0 past a conversation's
+    end)."""
+    got: dict = {}
+    for fn in dict.fromkeys(SIGNALS[n].compute for n in names):
+        got.update(fn(ctx, [n for n in names if SIGNALS[n].compute is fn]))
+    valid = ctx.layout.valid.to(ctx.device)
+    return {n: torch.where(valid, got[n], torch.zeros_like(got[n])) for n in names}
