@@ -340,7 +340,7 @@ def build_params(summaries="offline", keywords="offline", m=30, skip_sessions=5,
     from ..retrieve import BuildParams
 
     return BuildParams(summaries=summaries, keywords=keywords, m=m,
-                       skip_sessions=skip_sessions, concat=not no_concat).check()
+                       skip_sessions=skip_sessions, concat=not no_concat)
 
 
 def _build_index(data, dataset, *, fmt="auto", empty_sessions="error", user_only=False,

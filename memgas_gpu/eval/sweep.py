@@ -15,12 +15,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..retrieve.engine import (HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
-                               finish, resolve, time_cue)
+from ..retrieve.engine import finish, resolve, time_cue
 from ..retrieve.graphs import read_graph
+from ..retrieve.params import ReadParams
+from ..retrieve.presets import DEFAULT_METHOD, HYBRID_EXTRACTIVE_SIGNALS, HYBRID_SIGNALS
 from ..retrieve.search import Retrieval, question_batch
 from ..retrieve.signals import SIGNALS, SignalContext, available, compute_signals, query_layout
 from .. import ops
+from ..settings import SettingsError
 from .runner import evaluate
 
 __all__ = ["GRID_KEYS", "BM25_KEYS", "PLAIN_BM25", "signal_set", "run_sweep", "relex", "rank",
@@ -72,7 +74,7 @@ def _evaluate(index, qi, scores, n, ks):
 
 def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optional[str] = None,
               dataset=None, expansion=None, baselines: bool = False,
-              method: str = "memgas_hybrid") -> list:
+              method: str = DEFAULT_METHOD) -> list:
     """Evaluate every point of ``grid`` (``{key: [values]}``, keys in :data:`GRID_KEYS`)
     on top of ``method``'s preset.
 

@@ -10,7 +10,7 @@ from ..data.model import Session
 from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
 from .graphs import candidates, edges_of
-from .meta import GraphParams
+from .params import GraphParams
 from .signals import stored_texts
 
 __all__ = ["check_session", "check_date", "session_texts", "append_session", "grow_graph"]
