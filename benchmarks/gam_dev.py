@@ -108,7 +108,7 @@ def main():
         base = GamParams(theta=th)
         idx = GamIndex.build(ds, enc, base, store=st, events=ev)
         for an, ga, al, et in itertools.product(anchors, gammas, alphas, etas):
-            p = base.with_(anchors=an, gamma=ga, alpha=al, eta=et)
+            p = base.replace(anchors=an, gamma=ga, alpha=al, eta=et)
             tr = idx.retrieve(params=p)
             grid[(th, an, ga, al, et)] = per_conv(idx, tr)[0]
         print("grid theta", th, "done", flush=True)
@@ -134,7 +134,7 @@ def segmentation_loo(ds, enc, st, ev, res):
         idx = GamIndex.build(ds, enc, P, store=st, events=ev)
         tab = {}
         for an, ga, et in itertools.product((4, 8, 16, 1000), (1.0, 2.0, 4.0), (0.0, 0.6)):
-            tab[(an, ga, et)] = per_conv(idx, idx.retrieve(params=P.with_(anchors=an, gamma=ga,
+            tab[(an, ga, et)] = per_conv(idx, idx.retrieve(params=P.replace(anchors=an, gamma=ga,
                                                                           eta=et)))[0]
         score, picks = loo(tab)
         tr = idx.retrieve(params=P)
@@ -158,25 +158,25 @@ def rows(a, ds, enc, st, ev, res, run, P):
     # --- flat baselines (fusion alpha by LOO) --------------------------------------------
     idx0, _ = run("flat_dense", P, "flat_dense")
     run("flat_bm25", P, "flat_bm25", idx0)
-    ftab = {al_: per_conv(idx0, idx0.retrieve(method="flat_fusion", params=P.with_(alpha=al_)))[0]
+    ftab = {al_: per_conv(idx0, idx0.retrieve(method="flat_fusion", params=P.replace(alpha=al_)))[0]
             for al_ in (0.5, 1.0, 2.0, 4.0)}
     fscore, fpicks = loo(ftab)
     res["loo"]["flat_fusion"] = {"heldout": fscore, "picks": fpicks}
     for al_ in (0.5, 1.0, 2.0, 4.0):
-        run(f"flat_fusion alpha={al_}", P.with_(alpha=al_), "flat_fusion", idx0)
+        run(f"flat_fusion alpha={al_}", P.replace(alpha=al_), "flat_fusion", idx0)
     # --- GAM, ablations, segmentations, noise -------------------------------------------
     run("gam", P)
-    run("gam anchors=all (no drill-down cut)", P.with_(anchors=1000))
-    run("gam gamma=0 (no topic prior)", P.with_(gamma=0.0))
-    run("gam eta=0 (no EPG neighbour term)", P.with_(eta=0.0))
+    run("gam anchors=all (no drill-down cut)", P.replace(anchors=1000))
+    run("gam gamma=0 (no topic prior)", P.replace(gamma=0.0))
+    run("gam eta=0 (no EPG neighbour term)", P.replace(eta=0.0))
     for name in ("gam_no_tan", "gam_no_epg", "gam_no_ssm", "gam_no_mfr"):
         run(name, preset(name, P))
     for seg in ("semantic", "tokens256", "tokens512", "turns3", "turns5", "session", "event"):
-        run(f"segmentation={seg}", P.with_(segmentation=seg))
+        run(f"segmentation={seg}", P.replace(segmentation=seg))
     for noise in (0.1, 0.2, 0.3, 0.4):
         vals = []
         for seed in range(3):
-            _, pc = run(f"noise={noise} seed={seed}", P.with_(noise=noise, noise_seed=seed))
+            _, pc = run(f"noise={noise} seed={seed}", P.replace(noise=noise, noise_seed=seed))
             vals.append(sum(v[0] for v in pc.values()) / sum(v[1] for v in pc.values()))
         res["rows"][f"noise={noise} mean"] = {"recall_all@10": sum(vals) / len(vals)}
     # --- MemGAS family: sessions ranked, messages within a session by flat_fusion -------

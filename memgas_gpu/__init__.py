@@ -15,6 +15,7 @@ that need torch (:class:`MemoryIndex`, :class:`Encoder`, :func:`evaluate`,
 __version__ = "0.1.0"
 
 from .data import Conversation, Dataset, Question, Session, load_dataset  # noqa: E402
+from ._lazy import lazy_exports  # noqa: E402
 from .errors import DataFormatError, MemgasError  # noqa: E402
 
 #: name → submodule, imported on first access (PEP 562); ``backend`` comes with the
@@ -40,15 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,4 +1,52 @@
-"""Errors with enough context to find the bad record."""
+"""The base of memgas_gpu's errors, and the list of every error class.
+
+Each area keeps its errors next to the code that raises them; every one but
+``JSONLimitError`` is a :class:`MemgasError`, which the command line reports as one line
+with exit status 2 (docs/failure.md). Where a class is importable from a package, that
+is its public home; the module is where it is defined.
+
+==========================  ==============================  ===========================
+class                       defined in (public home)        raised for
+==========================  ==============================  ===========================
+``MemgasError``             ``errors`` (``memgas_gpu``)     base class only
+``DataFormatError``         ``errors`` (``memgas_gpu``)     a malformed dataset file
+                                                            (file, record, field)
+``JSONLimitError``          ``_io``                         a JSON number too long to
+                                                            parse (a ValueError only)
+``SettingsError``           ``settings``                    a setting of ReadParams,
+                            (``memgas_gpu.retrieve``)       BuildParams, GraphParams or
+                                                            GamParams: wrong type, out
+                                                            of range, unknown name
+``NonFiniteScoresError``    ``retrieve.engine``             NaN or inf signals/scores
+                            (``memgas_gpu.retrieve``)       in a retrieval
+``EncoderMismatchError``    ``retrieve.index``              a query encoder other than
+                            (``memgas_gpu.retrieve``)       the index's
+``IndexFormatError``        ``retrieve.checks``             an index folder this
+                            (``memgas_gpu.retrieve``)       version cannot read
+``IndexConflictError``      ``retrieve.storage``            a save into a folder another
+                            (``memgas_gpu.retrieve``)       writer saved to meanwhile
+``IndexLockError``          ``retrieve.storage``            a folder lock held past the
+                            (``memgas_gpu.retrieve``)       timeout
+``DeviceError``             ``_checks``                     a device this torch build or
+                                                            machine does not have
+``EncoderLoadError``        ``encode.encoder``              a model name or folder that
+                            (``memgas_gpu.encode``)         does not open as an encoder
+``EncoderRecordError``      ``encode.record``               an index's malformed or
+                            (``memgas_gpu.encode``)         unopenable encoder record
+``StoreError``              ``encode.store``                an embedding store that does
+                            (``memgas_gpu.encode``)         not match the request
+``LLMError``                ``llm.config``                  base of the LLM stages'
+                            (``memgas_gpu.llm``)            errors
+``LLMConfigError``          ``llm.config``                  a missing or invalid
+                            (``memgas_gpu.llm``)            endpoint setting
+``LLMRequestError``         ``llm.client``                  a request failed for good
+                            (``memgas_gpu.llm``)            (4xx, bad body, retries)
+``CacheError``              ``llm.cache``                   a response cache that cannot
+                                                            be opened or is not one
+``SynthParamError``         ``synth._writer``               an invalid synthetic-data
+                            (``memgas_gpu.synth``)          generator parameter
+==========================  ==============================  ===========================
+"""
 from __future__ import annotations
 
 from typing import Optional, Union

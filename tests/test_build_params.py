@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memgas_gpu import Conversation, Dataset, load_dataset
-from memgas_gpu.retrieve import BuildParams, MemoryIndex
+from memgas_gpu.retrieve import BuildParams, MemoryIndex, SettingsError
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,12 @@ def test_settings_object_and_keywords_build_the_same_index(small, minilm, tmp_pa
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(m=0), "m must be an integer >= 1"), (dict(m=2.5), "m must be"),
+    (dict(m=0), "m must be an integer from 1 to"), (dict(m=2.5), "m must be"),
     (dict(skip_sessions=-1), "skip_sessions"), (dict(concat="yes"), "concat"),
     (dict(summaries=None), "summaries"), (dict(keep_text=1), "keep_text")])
 def test_bad_settings_are_named(bad, match):
-    with pytest.raises(ValueError, match=match):
-        BuildParams().with_settings(**bad)
+    with pytest.raises(SettingsError, match=match):
+        BuildParams().replace(**bad)
 
 
 def test_unknown_setting_is_refused_before_any_work(small):
@@ -48,9 +48,9 @@ def test_unknown_setting_is_refused_before_any_work(small):
         def encode(self, *a, **k):
             raise AssertionError("encoded before the settings were checked")
 
-    with pytest.raises(TypeError, match="unknown build setting.*'mm'"):
+    with pytest.raises(SettingsError, match="unknown setting.*'mm'"):
         MemoryIndex.build(small, Untouchable(), mm=3)
-    with pytest.raises(ValueError, match="m must be"):
+    with pytest.raises(SettingsError, match="m must be"):
         MemoryIndex.build(small, Untouchable(), m=0)
 
 

@@ -5,13 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from memgas_gpu.cli import eval as cli_eval
 from memgas_gpu.cli.main import cli
-from memgas_gpu.retrieve import METHODS
-
-
-def test_cli_method_list_matches_library():
-    assert cli_eval.METHODS == METHODS
 
 
 def test_index_then_eval(tmp_path, locomo_flat_dir):

@@ -157,12 +157,12 @@ def test_drill_down_follows_anchors_and_their_neighbours():
     idx = _tan_index(anchors=1, mfr=False)
     cand = lambda tr: set(torch.nonzero(tr.scores[0] > 1e5).flatten().tolist())  # noqa
     assert cand(idx.retrieve()) == set(range(4)) | {12, 13}  # anchor COOK + TAN neighbour
-    no_tan = idx.retrieve(params=idx.params.with_(tan=False))
+    no_tan = idx.retrieve(params=idx.params.replace(tan=False))
     assert cand(no_tan) == set(range(4))
     tr = idx.retrieve()
     assert tr.turn_ids[0][int(tr.rankings[0, 0])] == "s0:2"  # the best-matching event
     # without the EPG the anchor topic's events come in their order
-    no_epg = idx.retrieve(params=idx.params.with_(epg=False))
+    no_epg = idx.retrieve(params=idx.params.replace(epg=False))
     assert no_epg.rankings[0, :4].tolist() == [0, 1, 2, 3]
 
 
@@ -173,7 +173,7 @@ def test_role_and_time_factors():
     ds = _ds([msgs], qs)
     idx = GamIndex.build(ds, FakeEncoder(), GamParams(segmentation="session"))
     with_f = idx.retrieve()
-    without = idx.retrieve(params=idx.params.with_(mfr=False))
+    without = idx.retrieve(params=idx.params.replace(mfr=False))
     # the role factor multiplies bob's events' exp(score) by beta_role, not ann's
     gain = (with_f.scores[0] - without.scores[0]).tolist()
     assert math.isclose(gain[1], math.log(1.4) + math.log(1.2), rel_tol=1e-5)
@@ -215,7 +215,7 @@ def test_time_factor_only_for_temporal_questions():
                                    beta_conf=beta_conf))
     assert idx.events.time_anchor.tolist() == [bool(a) for a in anchored]
     s = idx.retrieve().scores.double()
-    off = idx.retrieve(params=idx.params.with_(mfr=False)).scores.double()
+    off = idx.retrieve(params=idx.params.replace(mfr=False)).scores.double()
     assert bool(torch.isfinite(s).all())
     bonus = torch.tensor(anchored, dtype=torch.float64) * math.log(beta_time)
     for temporal in (0, 2):  # "When ...", "How long ..."
@@ -350,7 +350,7 @@ def test_role_factor_names_speakers_like_the_speaker_cue():
     qs = [Question("q0", "What did Mel paint?"), Question("q1", "What is Caroline's view?"),
           Question("q2", "what did mel paint?")]  # lower case: no prefix rule
     idx = GamIndex.build(_ds([msgs], qs), FakeEncoder(), GamParams(segmentation="session"))
-    gain = idx.retrieve().scores - idx.retrieve(params=idx.params.with_(mfr=False)).scores
+    gain = idx.retrieve().scores - idx.retrieve(params=idx.params.replace(mfr=False)).scores
     role = math.log(1.4)
     conf = math.log(1.2)  # the one topic is the anchor: reach confidence 1
     for q, named in ((0, [0, 2]), (1, [1, 3]), (2, [])):
@@ -370,7 +370,7 @@ def test_settings_are_checked_when_made(field, value):
     with pytest.raises(ValueError, match=field if field != "segmentation" else "segmentation"):
         GamParams(**{field: value})
     with pytest.raises(ValueError):
-        GamParams().with_(**{field: value})
+        GamParams().replace(**{field: value})
 
 
 def test_event_bm25_equals_bm25s_per_conversation():

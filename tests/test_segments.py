@@ -173,8 +173,8 @@ def test_huge_topk_is_capped_by_the_data(three, tiny, tmp_path):
     a node can have are capped by its conversation, so the graph equals topk = all.  A
     setting past the largest a saved index holds is refused before anything is built
     (it used to be accepted, and its graph then made every later save fail)."""
-    from memgas_gpu.retrieve.checks import MAX_SETTING
-    from memgas_gpu.retrieve.engine import SettingsError
+    from memgas_gpu.retrieve import SettingsError
+    from memgas_gpu.retrieve.params import MAX_SETTING
 
     idx = _build(three, tiny)
     every = 8 * 4  # sessions x granularities of a conversation: every candidate

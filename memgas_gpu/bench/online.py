@@ -22,6 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..granularity import N_GRAN
+from ..retrieve.presets import DEFAULT_METHOD
 from .timing import Record, percentile
 
 __all__ = ["online_index", "haystack_index", "online_point", "haystack_point", "slope"]
@@ -54,7 +55,8 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
     from ..lexical import LexicalIndex, TermMatrix, build_lexical
     from ..retrieve import MemoryIndex
     from ..retrieve.graphs import build_graph
-    from ..retrieve.meta import ConversationMeta, GraphParams
+    from ..retrieve.meta import ConversationMeta
+    from ..retrieve.params import GraphParams
     from ..retrieve.texts import TextTable
 
     ds = _template(n_sessions, seed)
@@ -108,7 +110,8 @@ def haystack_index(n_haystacks: int, n_sessions: int, pool: int, enc, seed: int 
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
     from ..retrieve.graphs import build_graph
-    from ..retrieve.meta import ConversationMeta, GraphParams
+    from ..retrieve.meta import ConversationMeta
+    from ..retrieve.params import GraphParams
     from ..retrieve.texts import TextTable
     from .data import index_from_nodes
 
@@ -160,7 +163,7 @@ def _record(op: str, size: dict, times: list, note: str) -> Record:
 
 
 def online_point(enc, n_conversations: int, n_sessions: int = 50, calls: int = 20,
-                 method: str = "memgas_hybrid", device: Optional[str] = None, seed: int = 0,
+                 method: str = DEFAULT_METHOD, device: Optional[str] = None, seed: int = 0,
                  log: Callable[[str], None] = print) -> list[Record]:
     """``add_session``, ``remove_session`` and one-query ``search`` (right after the
     write, as an agent that adds a session and then asks) on random conversations of an
@@ -197,7 +200,7 @@ def online_point(enc, n_conversations: int, n_sessions: int = 50, calls: int = 2
 
 def haystack_point(enc, n_haystacks: int = 500, n_sessions: int = 500, pool: int = 10000,
                    calls: int = 20, device: Optional[str] = None, seed: int = 0,
-                   methods: Sequence[str] = ("memgas", "memgas_hybrid"),
+                   methods: Sequence[str] = ("memgas", DEFAULT_METHOD),
                    log: Callable[[str], None] = print) -> list[Record]:
     """One new question against one haystack of a LongMemEval-shaped index: the first
     search of a haystack (its view and postings are built) and the next ones, per

@@ -105,7 +105,8 @@ def make_index(n_conv: int, n_sessions: int, dim: int, degree: int = 20, seed: i
     """A :class:`MemoryIndex` of random tensors (every session distinct) for I/O timing."""
     from ..data.model import Question
     from ..retrieve.index import MemoryIndex
-    from ..retrieve.meta import ConversationMeta, GraphParams
+    from ..retrieve.meta import ConversationMeta
+    from ..retrieve.params import GraphParams
 
     g = torch.Generator().manual_seed(seed)
     rows = n_conv * n_sessions

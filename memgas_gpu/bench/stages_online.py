@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from ..retrieve.presets import DEFAULT_METHOD
 from .timing import Record, percentile
 
 __all__ = ["search_index", "search_point"]
@@ -24,7 +25,8 @@ def search_index(n_sessions: int, enc, seed: int = 0):
     from ..expand import expand_dataset
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
-    from ..retrieve.meta import ConversationMeta, GraphParams
+    from ..retrieve.meta import ConversationMeta
+    from ..retrieve.params import GraphParams
     from ..synth import write_synthetic
 
     with tempfile.TemporaryDirectory(prefix="memgas_search_") as tmp:
@@ -67,7 +69,7 @@ def _percentiles(name: str, times: list, size: dict, note: str) -> Record:
     return rec
 
 
-def search_point(enc, n_sessions: int = 500, calls: int = 100, method: str = "memgas_hybrid",
+def search_point(enc, n_sessions: int = 500, calls: int = 100, method: str = DEFAULT_METHOD,
                  log: Callable[[str], None] = print) -> list[Record]:
     """p50 / p99 of ``index.search(conv, [question])`` (one new question per call, each
     call a different text), and of its two shares: encoding the question alone, and

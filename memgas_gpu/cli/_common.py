@@ -13,10 +13,8 @@ from ..data import FORMATS
 from ..errors import MemgasError
 from ..progress import is_quiet
 from ..progress import quiet as quiet_scope
-
-# kept here (not imported) so `memgas --help` does not import torch; a test checks it
-# equals memgas_gpu.retrieve.DEFAULT_METHOD
-DEFAULT_METHOD = "memgas_hybrid"
+from ..retrieve.params import BuildParams, ReadParams  # settings and methods: no torch
+from ..retrieve.presets import DEFAULT_METHOD
 
 
 class FiniteFloat(click.ParamType):
@@ -64,6 +62,20 @@ class FiniteFloat(click.ParamType):
 
     def __repr__(self) -> str:
         return f"FiniteFloat({self.describe()})"
+
+
+def setting_type(cls, name: str) -> click.ParamType:
+    """The option type of field ``name`` of the settings class ``cls`` (a
+    :class:`~memgas_gpu.settings.Settings`), from its spec: an integer or a finite number
+    within its bounds, or one of its choices."""
+    spec = cls.specs()[name]
+    if spec.kind == "int":
+        return click.IntRange(spec.lo, spec.hi)
+    if spec.kind == "real" and spec.finite:
+        return FiniteFloat(spec.lo, spec.hi, min_open=spec.lo_open)
+    if spec.kind == "choice":
+        return click.Choice(spec.choices)
+    raise TypeError(f"{cls.__name__}.{name} ({spec.kind}) has no option type")
 
 
 def info(msg: str) -> None:
@@ -282,9 +294,9 @@ def build_options(f):
     @click.option("--max-length", type=click.IntRange(1), default=None,
                   help="Tokens per text (longer texts are truncated) [default: the "
                        "model's sentence-transformers max_seq_length, else 512].")
-    @click.option("--summaries", default="offline", show_default=True, metavar="SRC",
+    @click.option("--summaries", default=BuildParams.summaries, show_default=True, metavar="SRC",
                   help="'offline', 'source' (LoCoMo's own) or a MemGAS .jsonl file.")
-    @click.option("--keywords", default="offline", show_default=True, metavar="SRC",
+    @click.option("--keywords", default=BuildParams.keywords, show_default=True, metavar="SRC",
                   help="'offline' or a MemGAS .jsonl file.")
     @click.option("--store", type=click.Path(file_okay=False), default=None,
                   help="Embedding store folder: resumable, shared across runs.")
@@ -293,9 +305,10 @@ def build_options(f):
                        "to float32 rounding) or float16 (half the disk; the rounding can "
                        "change a few association edges) [default: the store's own, "
                        "float32 for a new store].")
-    @click.option("--m", "m", type=click.IntRange(2), default=30, show_default=True,
-                  help="Candidates per node for the GMM association test.")
-    @click.option("--skip-sessions", type=click.IntRange(0), default=5, show_default=True,
+    @click.option("--m", "m", type=setting_type(BuildParams, "m"), default=BuildParams.m,
+                  show_default=True, help="Candidates per node for the GMM association test.")
+    @click.option("--skip-sessions", type=setting_type(BuildParams, "skip_sessions"),
+                  default=BuildParams.skip_sessions, show_default=True,
                   help="The first sessions get no outgoing edges.")
     @click.option("--no-concat", is_flag=True,
                   help="Skip the embeddings of the concat baseline (summary + keywords + text).")
@@ -334,13 +347,10 @@ def build_index(data, dataset=None, quiet=False, **opts):
         return _build_index(data, dataset, **opts)
 
 
-def build_params(summaries="offline", keywords="offline", m=30, skip_sessions=5,
-                 no_concat=False):
-    """The :class:`~memgas_gpu.retrieve.BuildParams` of the command-line options."""
-    from ..retrieve import BuildParams
-
-    return BuildParams(summaries=summaries, keywords=keywords, m=m,
-                       skip_sessions=skip_sessions, concat=not no_concat).check()
+def build_params(no_concat: bool = False, **settings) -> BuildParams:
+    """The :class:`~memgas_gpu.retrieve.BuildParams` of the command-line options
+    (``--no-concat`` and the fields the options name; the others keep their defaults)."""
+    return BuildParams().replace(concat=not no_concat, **settings)
 
 
 def _build_index(data, dataset, *, fmt="auto", empty_sessions="error", user_only=False,
@@ -409,23 +419,18 @@ def parse_ks(value: str) -> tuple:
 
 def parse_settings(specs) -> dict:
     """``("time_beta=0", "fusion=ppr")`` → read-path settings (``ReadParams`` fields,
-    typed like their defaults; validated later by the engine)."""
-    from dataclasses import fields
-
-    from ..retrieve import ReadParams
-
-    types = {f.name: type(f.default) for f in fields(ReadParams)}
+    numbers typed by their specs; validated later by the engine)."""
+    kinds = {name: spec.kind for name, spec in ReadParams.specs().items()}
     out = {}
     for spec in specs:
         key, sep, val = spec.partition("=")
         key = key.strip()
-        if not sep or key not in types:
-            raise click.BadParameter(f"expected KEY=VALUE with KEY in {', '.join(types)}; "
+        if not sep or key not in kinds:
+            raise click.BadParameter(f"expected KEY=VALUE with KEY in {', '.join(kinds)}; "
                                      f"got {spec!r}", param_hint="--set")
-        kind = types[key]
+        kind = kinds[key]
         try:
-            out[key] = (val if kind in (str, tuple) else
-                        int(val) if kind is int else float(val))
+            out[key] = (int(val) if kind == "int" else float(val) if kind == "real" else val)
         except ValueError:
             raise click.BadParameter(f"{key} takes a number, got {val!r}",
                                      param_hint="--set") from None

@@ -8,15 +8,14 @@ import click
 
 from .. import __version__
 from .._io import atomic_write, nan_to_null
+from ..gam.params import GamParams
 from ..gam.presets import GAM_METHODS  # GAM and its ablations (no tensor code imported)
-from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_dir,
+from ..retrieve.params import ReadParams
+from ..retrieve.presets import METHODS, PRESETS  # the session methods (no torch imported)
+from ._common import (DEFAULT_METHOD, build_index, build_options, check_out_dir,
                       check_out_file, check_runtime, dataset_options, info, ks_callback, load,
-                      ray_or_exit, segmentation_callback, settings_callback)
+                      ray_or_exit, segmentation_callback, setting_type, settings_callback)
 
-# kept here (not imported) so `memgas --help` does not import torch; a test checks it
-# equals memgas_gpu.retrieve.METHODS
-METHODS = ("memgas", "no_gmm", "no_ppr", "no_router", "no_association", "session", "turn",
-           "summary", "keyword", "concat", "bm25", "memgas_hybrid")
 KS = (1, 3, 5, 10, 30, 50)
 
 
@@ -29,17 +28,18 @@ KS = (1, 3, 5, 10, 30, 50)
 @click.option("--turns", "turn_level", is_flag=True,
               help="Also report evidence-turn recall (k = 5, 10, 20) of the session methods: "
                    "the messages of the ranked sessions, in rank order (needs DATA).")
-@click.option("--segmentation", default="semantic", show_default=True,
+@click.option("--segmentation", default=GamParams.segmentation, show_default=True,
               callback=segmentation_callback, help="GAM topic segmentation: semantic, tokens<N>, turns<N>, session.")
-@click.option("--router", type=click.Choice(("inverse", "one_minus", "uniform")), default=None,
+@click.option("--router", type=setting_type(ReadParams, "router"), default=None,
               help="Router weights: paper's 1/H, the authors' code's 1-H, or uniform "
                    "[default: each method's preset].")
-@click.option("--temperature", type=FiniteFloat(0, min_open=True), default=None,
-              help="Router softmax temperature λ [default: preset; memgas 0.2].")
-@click.option("--alpha", type=click.IntRange(1), default=None,
-              help="Seed nodes kept for PageRank [default: preset, 15].")
-@click.option("--damping", type=FiniteFloat(0, 1), default=None,
-              help="Probability of following an edge [default: preset, 0.1].")
+@click.option("--temperature", type=setting_type(ReadParams, "temperature"), default=None,
+              help="Router softmax temperature λ [default: preset; memgas "
+                   f"{ReadParams.temperature}].")
+@click.option("--alpha", type=setting_type(ReadParams, "alpha"), default=None,
+              help=f"Seed nodes kept for PageRank [default: preset, {ReadParams.alpha}].")
+@click.option("--damping", type=setting_type(ReadParams, "damping"), default=None,
+              help=f"Probability of following an edge [default: preset, {ReadParams.damping}].")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
               callback=settings_callback,
               help="Any read-path setting (repeat), e.g. --set time_beta=0 --set fusion=ppr "
@@ -139,8 +139,7 @@ def check_settings(methods, settings: dict, from_set: dict) -> None:
     """The read-path settings checked against each method's preset before any work
     (what needs the index, such as ``signals="auto"``, is checked once it is loaded);
     an error names the option that gave the setting."""
-    from ..retrieve import resolve
-    from ..retrieve.engine import SettingsError
+    from ..retrieve import SettingsError, resolve
 
     for method in dict.fromkeys(methods):
         for key, value in [*settings.items(), (None, None)]:  # each alone, then all
@@ -181,7 +180,7 @@ def _gam(dataset, gam_methods, turn_level, segmentation, opts):
     """The GAM memory of ``dataset`` (its events also give the turn rankings of the
     session methods)."""
     from ..encode import EmbeddingStore, Encoder
-    from ..gam import GamIndex, GamParams
+    from ..gam import GamIndex
     from ..gam.boundary import parse_segmentation
 
     try:
@@ -200,7 +199,7 @@ def _gam(dataset, gam_methods, turn_level, segmentation, opts):
 def _gam_method(gam, method, segmentation, dataset, opts, out, several):
     """Evaluate one GAM method at the turn level; returns (summary, settings)."""
     from ..eval.turns import evaluate_turns, turn_metrics
-    from ..gam import GamIndex, GamParams, preset
+    from ..gam import GamIndex, preset
 
     p = preset(method, GamParams(segmentation=segmentation))
     idx = gam
@@ -249,8 +248,6 @@ def settings_line(method: str, params: dict) -> str:
     paper's defaults (MemGAS, ``ReadParams()``); then those that differ from the
     method's own preset (``--set`` and the options), and why, when ``signals="auto"``
     chose the signals or the speaker cue was switched off."""
-    from ..retrieve import PRESETS, ReadParams
-
     paper = ReadParams().describe()
     preset = PRESETS[method].describe() if method in PRESETS else paper
     diff = [f"{k}={params[k]}" for k in paper if k in params and params[k] != paper[k]]

@@ -8,10 +8,10 @@ import click
 
 from .. import __version__
 from .._io import atomic_write
-from ..gam.params import SEGMENTATIONS  # these two modules import no tensor code
+from ..gam.params import SEGMENTATIONS, GamParams  # these two modules import no tensor code
 from ..gam.presets import METHODS
-from ._common import (FiniteFloat, check_encoder, check_out_file, check_runtime,
-                      dataset_options, info, load, quiet_option)
+from ._common import (check_encoder, check_out_file, check_runtime, dataset_options, info, load,
+                      quiet_option, setting_type)
 
 
 @click.command("gam")
@@ -19,15 +19,17 @@ from ._common import (FiniteFloat, check_encoder, check_out_file, check_runtime,
 @click.option("--method", "methods", multiple=True, default=("gam",), show_default=True,
               type=click.Choice(METHODS + ("all",)),
               help="GAM, an ablation or a flat utterance baseline (repeat; 'all').")
-@click.option("--segmentation", default="semantic", show_default=True,
+@click.option("--segmentation", default=GamParams.segmentation, show_default=True,
               help=f"Topic segmentation: {', '.join(SEGMENTATIONS)} (any tokens<N>/turns<N>).")
-@click.option("--theta", type=FiniteFloat(0, 2), default=None,
-              help="Semantic boundary threshold on 1 - cos [default: GamParams].")
-@click.option("--anchors", type=click.IntRange(1), default=None, help="Anchor topics.")
-@click.option("--noise", type=FiniteFloat(0, 1), default=0.0, show_default=True,
-              help="Share of topic boundaries moved at random (robustness).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
-@click.option("--summaries", default="offline", show_default=True,
+@click.option("--theta", type=setting_type(GamParams, "theta"), default=None,
+              help=f"Semantic boundary threshold on 1 - cos [default: {GamParams.theta}].")
+@click.option("--anchors", type=setting_type(GamParams, "anchors"), default=None,
+              help=f"Anchor topics [default: {GamParams.anchors}].")
+@click.option("--noise", type=setting_type(GamParams, "noise"), default=GamParams.noise,
+              show_default=True, help="Share of topic boundaries moved at random (robustness).")
+@click.option("--seed", type=setting_type(GamParams, "noise_seed"), default=GamParams.noise_seed,
+              show_default=True, help="Noise seed.")
+@click.option("--summaries", default=GamParams.summaries, show_default=True,
               help="c_sum source: offline (extractive, per topic), raw, or a .jsonl file.")
 @click.option("--encoder", default=None, metavar="MODEL", callback=check_encoder,
               help="Encoder model: a Hugging Face name or a local folder [default: the "
@@ -44,7 +46,7 @@ def gam(data, methods, segmentation, theta, anchors, noise, seed, summaries, enc
     """Build GAM memory of DATA and print evidence-turn recall per method."""
     from ..encode import EmbeddingStore, Encoder
     from ..eval.turns import evaluate_turns
-    from ..gam import GamIndex, GamParams, build_events, preset
+    from ..gam import GamIndex, build_events, preset
     from ..gam.boundary import parse_segmentation
 
     try:

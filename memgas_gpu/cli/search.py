@@ -6,9 +6,10 @@ import json
 import click
 
 from .._display import safe_json, safe_text
+from ..retrieve.presets import METHODS
 from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, quiet_option,
                       settings_callback)
-from .eval import METHODS, check_settings
+from .eval import check_settings
 
 
 @click.command("search")

@@ -16,13 +16,14 @@ import click
 from .. import __version__
 from .._display import safe_text
 from .._io import atomic_write, nan_to_null
+from ..retrieve.params import ReadParams
 from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_file,
                       check_runtime, dataset_options, info, ks_callback, load)
 
-#: accepted ranges of the numeric grid keys (NaN and inf are refused for all)
-_GRID_RANGES = {"temperature": FiniteFloat(0, min_open=True), "damping": FiniteFloat(0, 1),
-                "k1": FiniteFloat(0), "b": FiniteFloat(0, 1), "alpha": FiniteFloat(1),
-                "time_beta": FiniteFloat(0), "speaker_gamma": FiniteFloat(0)}
+#: accepted ranges of the numeric grid keys, from :class:`ReadParams`' field specs (NaN
+#: and inf are refused for all)
+_GRID_RANGES = {name: FiniteFloat(spec.lo, spec.hi, min_open=spec.lo_open)
+                for name, spec in ReadParams.specs().items() if spec.kind in ("int", "real")}
 
 #: conversations up to which the leave-one-out picks are printed one per line
 MAX_LOO_LINES = 12

@@ -16,13 +16,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..retrieve.engine import (HYBRID_SIGNALS, HYBRID_EXTRACTIVE_SIGNALS, ReadParams, SettingsError,
-                               finish, resolve)
+from ..retrieve.engine import finish, resolve
 from ..retrieve.graphs import read_graph
+from ..retrieve.params import ReadParams
+from ..retrieve.presets import DEFAULT_METHOD, HYBRID_EXTRACTIVE_SIGNALS, HYBRID_SIGNALS
 from ..retrieve.search import Retrieval
 from ..retrieve.signals import (SIGNALS, SignalContext, available, compute_cues,
                                 compute_signals, fused_signals, query_layout)
 from .. import ops
+from ..settings import SettingsError
 from .runner import evaluate
 
 __all__ = ["GRID_KEYS", "BM25_KEYS", "PLAIN_BM25", "signal_set", "run_sweep", "relex", "rank",
@@ -74,7 +76,7 @@ def _evaluate(index, qi, scores, n, ks):
 
 def run_sweep(index, grid: dict, ks: Sequence[int] = (3, 5, 10), device: Optional[str] = None,
               dataset=None, expansion=None, baselines: bool = False,
-              method: str = "memgas_hybrid") -> list:
+              method: str = DEFAULT_METHOD) -> list:
     """Evaluate every point of ``grid`` (``{key: [values]}``, keys in :data:`GRID_KEYS`)
     on top of ``method``'s preset.
 

@@ -7,7 +7,7 @@ without the tensor code.
 """
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _HOME = {
     "SEGMENTATIONS": "params", "GamParams": "params", "FLAT_METHODS": "params",
@@ -22,14 +22,4 @@ _HOME = {
 __all__ = list(_HOME)
 
 
-def __getattr__(name: str):
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -37,4 +37,4 @@ def preset(method: str, base: Optional[GamParams] = None) -> GamParams:
         return base
     if method not in _CHANGES:
         raise ValueError(f"unknown GAM method {method!r}; choose from {', '.join(METHODS)}")
-    return base.with_(**_CHANGES[method])
+    return base.replace(**_CHANGES[method])

@@ -35,12 +35,11 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..choices import BM25_METHODS
 from .sparse import quiet_sparse_warnings
 
 __all__ = ["BM25_METHODS", "bm25_weights", "bm25_scores", "bm25_dense", "BM25Postings",
            "bm25_postings", "bm25_gather"]
-
-BM25_METHODS = ("lucene", "robertson", "atire")
 
 
 def _rows_of(indptr: Tensor) -> Tensor:

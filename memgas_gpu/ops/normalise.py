@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["NORMS", "normalise_signals"]
+from ..choices import NORMS
 
-#: ``z`` (z-score), ``max`` (x / max |x|), ``minmax`` ((x - min) / (max - min)), ``none``
-NORMS = ("z", "max", "minmax", "none")
+__all__ = ["NORMS", "normalise_signals"]
 
 
 def normalise_signals(x: Tensor, valid: Tensor, norm: str = "z") -> Tensor:

@@ -22,9 +22,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["entropy_router", "router_weights", "ROUTER_MODES"]
+from ..choices import ROUTER_MODES
 
-ROUTER_MODES = ("inverse", "one_minus")
+__all__ = ["entropy_router", "router_weights", "ROUTER_MODES"]
 
 
 def entropy_router(

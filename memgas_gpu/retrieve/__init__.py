@@ -1,15 +1,44 @@
 """The memory index and its one read path (signals → normalise → route → seeds →
-propagate → session scores); methods are named presets of :class:`ReadParams`."""
-from .embed import SessionTable, embed_sessions, encode_unique
-from .engine import (DEFAULT_METHOD, HYBRID_EXTRACTIVE_SIGNALS, HYBRID_SIGNALS, METHODS,
-                     PRESETS, NonFiniteScoresError, ReadParams, SettingsError, resolve)
-from .index import BuildParams, EncoderMismatchError, GraphParams, MemoryIndex
-from .persist import IndexConflictError, IndexFormatError, IndexLockError
-from .search import Retrieval, SearchResult, retrieve, search
-from .signals import SIGNALS, QueryBatch
+propagate → session scores); methods are named presets of :class:`ReadParams`.
 
-__all__ = ["SessionTable", "embed_sessions", "encode_unique", "DEFAULT_METHOD", "HYBRID_SIGNALS",
-           "HYBRID_EXTRACTIVE_SIGNALS", "METHODS", "PRESETS", "NonFiniteScoresError", "ReadParams",
-           "SettingsError", "resolve", "EncoderMismatchError", "BuildParams", "GraphParams",
-           "MemoryIndex", "IndexConflictError", "IndexFormatError", "IndexLockError",
-           "Retrieval", "SearchResult", "retrieve", "search", "SIGNALS", "QueryBatch"]
+The names below load on first use (PEP 562), so that the settings and the method names
+(:mod:`.params`, :mod:`.presets`: what the command line reads) import without torch.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+from .._lazy import lazy_exports
+
+#: name → the submodule it comes from
+_HOME = {
+    "SessionTable": "embed", "embed_sessions": "embed", "encode_unique": "embed",
+    "DEFAULT_METHOD": "presets", "HYBRID_SIGNALS": "presets",
+    "HYBRID_EXTRACTIVE_SIGNALS": "presets", "METHODS": "presets", "PRESETS": "presets",
+    "NonFiniteScoresError": "engine", "ReadParams": "params", "SettingsError": "params",
+    "resolve": "engine", "EncoderMismatchError": "index", "BuildParams": "params",
+    "GraphParams": "params", "MemoryIndex": "index", "IndexConflictError": "persist",
+    "IndexFormatError": "persist", "IndexLockError": "persist", "Retrieval": "search",
+    "SearchResult": "search", "retrieve": "search", "search": "search", "SIGNALS": "signals",
+    "QueryBatch": "signals",
+}
+
+__all__ = list(_HOME)
+
+
+class _Package(types.ModuleType):
+    """``memgas_gpu.retrieve.search`` is the function :func:`.search.search`: importing
+    the submodule of the same name must not rebind it to the module (the import system
+    sets a package's attribute to each submodule it loads)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _HOME and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
+from .params import MAX_SETTING, GraphParams
 from .signals import MODULE_NAME, RESERVED_TABLES
 from .store import DIGEST_BYTES
 
@@ -32,11 +33,6 @@ __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checks
 
 #: tensors holding embeddings: refused when they hold NaN or inf
 EMBEDDINGS = ("gran", "concat", "q_emb", "turns")
-#: largest value of the graph settings ``m`` and ``topk`` (candidates per node)
-MAX_SETTING = 1 << 20
-#: graph settings: type, smallest and largest value (or the allowed strings)
-_PARAMS = {"m": (int, 1, MAX_SETTING), "skip_sessions": (int, 0, 1 << 31),
-           "rule": (str, ("gmm", "topk")), "topk": (int, 1, MAX_SETTING)}
 _GRAPH_NAME = re.compile(r"gmm|topk[1-9][0-9]{0,6}")
 #: fields of the manifest's ``config`` that are objects when present
 _CONFIG_OBJECTS = ("expansion", "build", "encoding", "timings", "dataset", "encoder",
@@ -84,18 +80,21 @@ def _unique(where: str, values: list, field: str, what: str) -> None:
 
 
 def _check_params(where: str, params: dict) -> None:
+    """The manifest's ``params`` against :class:`GraphParams`' field specs (JSON types:
+    an integer is not a float, a string is not a number)."""
+    specs = GraphParams.specs()
     for k, v in params.items():
-        if k not in _PARAMS:
+        if k not in specs:
             raise IndexFormatError(f"{where}: field 'params.{k}': unknown setting (known: "
-                                   f"{', '.join(_PARAMS)})")
-        typ, *limits = _PARAMS[k]
-        _want(where, params, k, typ, f"params.{k}")
-        if typ is str and v not in limits[0]:
+                                   f"{', '.join(specs)})")
+        spec = specs[k]
+        _want(where, params, k, str if spec.kind == "choice" else int, f"params.{k}")
+        if spec.kind == "choice" and v not in spec.choices:
             raise IndexFormatError(f"{where}: field 'params.{k}': {v[:40]!r} is not one of "
-                                   f"{', '.join(limits[0])}")
-        if typ is int and not limits[0] <= v <= limits[1]:
+                                   f"{', '.join(spec.choices)}")
+        if spec.kind == "int" and not spec.lo <= v <= spec.hi:
             raise IndexFormatError(f"{where}: field 'params.{k}': {str(v)[:40]} is outside "
-                                   f"[{limits[0]}, {limits[1]}]")
+                                   f"[{spec.lo}, {spec.hi}]")
 
 
 def check_manifest(where: str, m: Any) -> None:

@@ -21,8 +21,7 @@ Every retrieval method is a named preset of one settings object, :class:`ReadPar
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Optional, Sequence
 
 import torch
@@ -30,31 +29,19 @@ from torch import Tensor
 
 from .. import ops
 from .._checks import resolve_device
+from ..choices import FUSIONS, GRAPHS, ROUTERS
 from ..errors import MemgasError
 from ..granularity import N_GRAN
-from ..ops.bm25 import BM25_METHODS
-from ..ops.normalise import NORMS
-from .checks import MAX_SETTING
+from ..settings import SettingsError
+from .params import MEMGAS_SIGNALS, ReadParams
+from .presets import (DEFAULT_METHOD, HYBRID_EXTRACTIVE_SIGNALS, HYBRID_SIGNALS, METHODS,
+                      PRESETS)
 from .signals import (SIGNALS, QueryBatch, SignalContext, available, compute_cues,
-                      compute_signals, cue_weights, fused_signals, query_layout,
-                      signal_nodes)
+                      compute_signals, cue_weights, query_layout, signal_nodes)
 
 __all__ = ["ReadParams", "PRESETS", "METHODS", "DEFAULT_METHOD", "HYBRID_SIGNALS",
            "HYBRID_EXTRACTIVE_SIGNALS", "FUSIONS", "GRAPHS", "ROUTERS", "NonFiniteScoresError",
            "SettingsError", "resolve", "read_path", "score", "auto_signals"]
-
-FUSIONS = ("ppr", "seeds", "sum", "rrf")
-GRAPHS = ("dense", "topk", "lexical", "both", "none")
-ROUTERS = ("inverse", "one_minus", "uniform")
-#: the four dense granularity signals of MemGAS
-MEMGAS_SIGNALS = ("dense_S", "dense_T", "dense_U", "dense_K")
-#: ``memgas_hybrid``'s signals when the summaries are written (LLM, dataset, file): BM25
-#: over sessions, best turn and summaries, dense best turn and summaries (docs/hybrid.md)
-HYBRID_SIGNALS = ("bm25_S", "bm25_Tmax", "bm25_U", "dense_Tmax", "dense_U")
-#: ``memgas_hybrid``'s signals when the summaries are extractive (sentences copied from
-#: the session, ``summaries="offline"``): the U signals would count the S evidence twice
-HYBRID_EXTRACTIVE_SIGNALS = ("bm25_S", "bm25_Tmax", "dense_Tmax")
-
 
 class NonFiniteScoresError(MemgasError):
     """Retrieval produced NaN or infinite scores (bad embeddings or settings);
@@ -65,135 +52,6 @@ class NonFiniteScoresError(MemgasError):
         self.queries = list(queries)
 
 
-class SettingsError(MemgasError, ValueError):
-    """A read-path setting out of range or unknown (the CLI reports it in one line)."""
-
-
-def _finite(name, value, lo=None, hi=None, lo_open=False):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(v):
-        raise SettingsError(f"{name} must be finite, got {value!r}")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise SettingsError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
-    if hi is not None and v > hi:
-        raise SettingsError(f"{name} must be <= {hi}, got {value!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class ReadParams:
-    """Settings of the read path (one name and one default per setting).
-
-    Attributes:
-        signals: signal names (:data:`~memgas_gpu.retrieve.signals.SIGNALS`), a
-            ``"+"``-joined string, or ``"auto"`` (:func:`auto_signals`).
-        norm: ``"none"``, ``"z"``, ``"max"`` or ``"minmax"`` (per query and signal).
-        router: ``"inverse"`` (paper, w ∝ 1/H), ``"one_minus"`` (authors' code, 1 - H)
-            or ``"uniform"``.
-        temperature: router softmax temperature λ (> 0).
-        fusion: ``"ppr"``, ``"seeds"``, ``"sum"`` or ``"rrf"``.
-        alpha: seed nodes kept (>= 1).
-        damping: PageRank probability of following an edge, in [0, 1].
-        graph: ``"dense"``, ``"topk"``, ``"lexical"``, ``"both"`` or ``"none"``.
-        topk: edges per node of the ``"topk"`` graph (the ``no_gmm`` ablation).
-        k1, b, bm25_method: BM25 settings (bm25s defaults).
-        speaker_gamma: speaker cue of ``bm25_Tmax``: when a query names exactly one
-            speaker of its conversation, that speaker's messages count ``1 + gamma``
-            times in the turn documents (0: off; :mod:`memgas_gpu.retrieve.cues`).
-        time_beta: weight of the time cue added to the fused score: ``time_beta`` times
-            1 for a session dated inside the interval of the query's date expression
-            ("in May 2023", "on 7 July, 2023"; relative ones with a query date), else 0
-            (0: off; :mod:`memgas_gpu.retrieve.cues`, docs/multi-evidence.md).
-    """
-
-    signals: object = MEMGAS_SIGNALS
-    norm: str = "none"
-    router: str = "inverse"
-    temperature: float = 0.2
-    fusion: str = "ppr"
-    alpha: int = 15
-    damping: float = 0.1
-    graph: str = "dense"
-    topk: int = 5
-    k1: float = 1.5
-    b: float = 0.75
-    bm25_method: str = "lucene"
-    speaker_gamma: float = 0.0
-    time_beta: float = 0.0
-    cues: tuple = ()
-
-    def check(self) -> "ReadParams":
-        """Validated copy (signals as a tuple); ``ValueError`` names the bad setting."""
-        sig = self.signals
-        if isinstance(sig, str) and sig != "auto":
-            sig = tuple(x for x in sig.split("+") if x)
-        if sig != "auto":
-            sig = tuple(sig)
-            bad = [s for s in sig if s not in fused_signals()]
-            if bad or not sig:
-                raise SettingsError(f"unknown signal(s) {bad or sig}; choose from "
-                                    f"{', '.join(fused_signals())}")
-        for name, value, allowed in (("norm", self.norm, NORMS), ("fusion", self.fusion, FUSIONS),
-                                     ("graph", self.graph, GRAPHS),
-                                     ("router", self.router, ROUTERS),
-                                     ("bm25_method", self.bm25_method, BM25_METHODS)):
-            if value not in allowed:
-                raise SettingsError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-        for name, v in (("alpha", self.alpha), ("topk", self.topk)):
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SETTING:
-                raise SettingsError(f"{name} must be an integer from 1 to {MAX_SETTING}, "
-                                    f"got {v!r}")
-        cues = self.cues.items() if isinstance(self.cues, dict) else self.cues
-        try:
-            cues = tuple(sorted((str(n), _finite(f"cues[{n!r}]", w, 0)) for n, w in cues))
-        except (TypeError, ValueError):
-            raise SettingsError(f"cues must map cue names to weights >= 0, got "
-                                f"{self.cues!r:.80}") from None
-        return replace(self, signals=sig, cues=cues,
-                       temperature=_finite("temperature", self.temperature, 0, lo_open=True),
-                       damping=_finite("damping", self.damping, 0, 1),
-                       k1=_finite("k1", self.k1, 0), b=_finite("b", self.b, 0, 1),
-                       speaker_gamma=_finite("speaker_gamma", self.speaker_gamma, 0),
-                       time_beta=_finite("time_beta", self.time_beta, 0))
-
-    def describe(self) -> dict:
-        d = asdict(self)
-        if isinstance(d["signals"], (tuple, list)):
-            d["signals"] = "+".join(d["signals"])
-        if not d["cues"]:
-            del d["cues"]
-        else:
-            d["cues"] = dict(d["cues"])
-        return d
-
-
-def _flat(signal: str) -> ReadParams:
-    return ReadParams(signals=(signal,), norm="none", router="uniform", fusion="sum")
-
-
-#: every method, as a preset of :class:`ReadParams`
-PRESETS: dict[str, ReadParams] = {
-    "memgas": ReadParams(),
-    "no_gmm": ReadParams(graph="topk"),
-    "no_ppr": ReadParams(fusion="seeds"),
-    "no_router": ReadParams(router="uniform"),
-    "no_association": ReadParams(graph="none"),
-    "session": _flat("dense_S"),
-    "turn": _flat("dense_T"),
-    "summary": _flat("dense_U"),
-    "keyword": _flat("dense_K"),
-    "concat": _flat("dense_concat"),
-    "bm25": _flat("bm25_S"),
-    "memgas_hybrid": ReadParams(signals="auto", norm="z", router="inverse", temperature=1.0,
-                                fusion="sum", speaker_gamma=1.0, time_beta=2.0),
-}
-METHODS = tuple(PRESETS)
-#: the method used when none is named (``memgas eval``, ``memgas search``, ``retrieve``,
-#: ``MemoryIndex.search``): the best of :data:`METHODS` on LoCoMo dev (README, "Methods")
-DEFAULT_METHOD = "memgas_hybrid"
 _FIELDS = {f.name for f in fields(ReadParams)}
 
 
@@ -245,10 +103,6 @@ def resolve(view, method: str = "memgas", params: Optional[ReadParams] = None,
         raise SettingsError(f"unknown setting(s) {bad}; settings are {', '.join(sorted(_FIELDS))}")
     p = replace(params if params is not None else PRESETS[method],
                 **{k: v for k, v in overrides.items() if v is not None}).check()
-    try:
-        cue_weights(p)  # every cue it weighs is registered
-    except ValueError as e:
-        raise SettingsError(str(e)) from None
     info = {}
     if p.signals == "auto":
         sig, why = auto_signals(view)

@@ -170,7 +170,7 @@ class MemoryIndex:
                 ``keep_turns=``, ``keep_text=``, ``tokenizer=``).
         """
         require_encoder(encoder)
-        p = (params or BuildParams()).with_settings(**settings)
+        p = (params or BuildParams()).replace(**settings)
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be a memgas_gpu.Dataset, got "
                             f"{type(dataset).__name__}")

@@ -19,7 +19,8 @@ import torch
 from .._io import find_surrogate, json_loads, may_hold_surrogate
 from ..data.model import Question
 from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
-from .meta import ConversationMeta, GraphParams
+from .meta import ConversationMeta
+from .params import GraphParams
 from .signals import custom_signal_modules, import_signal_modules
 from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
                       IndexConflictError, IndexLockError, check_lock_timeout, read_index_dir,

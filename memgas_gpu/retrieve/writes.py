@@ -11,7 +11,7 @@ from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
 from ..ops.csr import csr_edges
 from .graphs import candidates
-from .meta import GraphParams
+from .params import GraphParams
 from .signals import signal_texts
 
 __all__ = ["check_session", "check_date", "session_texts", "append_session", "grow_graph"]
