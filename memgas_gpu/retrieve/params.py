@@ -134,7 +134,6 @@ class BuildParams(Settings):
     keep_text: bool = setting(True, "bool")
     tokenizer: Any = setting(None, "any")
 
-
     def graph(self) -> GraphParams:
         return GraphParams(m=self.m, skip_sessions=self.skip_sessions)
 

@@ -91,6 +91,10 @@ class SignalContext:
     params: Any
     lexical: Any = None
 
+    def lexical_specs(self, names: Sequence[str]) -> dict:
+        """``{name: (docs, reduce)}`` of lexical signals (see :func:`lexical_specs`)."""
+        return lexical_specs(names)
+
 
 @dataclass(frozen=True)
 class Signal:

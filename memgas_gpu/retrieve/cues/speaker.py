@@ -163,20 +163,21 @@ def speaker_data_of(view, conversations: Sequence[int]) -> SpeakerData:
 
 def speaker_turn_signal(view, texts: Sequence[str], q_conv: Tensor, q_terms, layout,
                         gamma: float, k1: float = 1.5, b: float = 0.75,
-                        method: str = "lucene", device: Optional[str] = None) -> Tensor:
+                        method: str = "lucene", device: Optional[str] = None, *,
+                        spec: dict) -> Tensor:
     """``bm25_Tmax`` with the speaker cue, for queries given as texts and term counts:
     a query that names exactly one speaker of its conversation scores the turns with
     that speaker's messages counted ``1 + gamma`` times; other queries get exactly
-    ``bm25_Tmax``.  Only the conversations of queries naming a speaker are re-weighted.
+    ``bm25_Tmax`` (``spec``: its ``{"bm25_Tmax": (docs, reduce)}`` in the signal
+    registry).  Only the conversations of queries naming a speaker are re-weighted.
 
     Returns:
         ``[Q, layout.n_max]`` float32 (0 past a conversation's end).
     """
     from ...lexical import BM25Params, lexical_signals
-    from ..signals import lexical_specs
 
     dev = torch.device(device or "cpu")
-    out = lexical_signals(view, q_terms, q_conv, lexical_specs(["bm25_Tmax"]),
+    out = lexical_signals(view, q_terms, q_conv, spec,
                           params=BM25Params(k1, b, method), device=str(dev))["bm25_Tmax"]
     conv = q_conv.to(torch.long).cpu()
     cand = sorted(set(conv.tolist()))
@@ -205,16 +206,17 @@ def speaker_turn_bm25(ctx, names: Sequence[str]) -> dict:
     ``ctx.params.speaker_gamma`` (plain BM25 when it is 0, without query texts, or with
     another lexical index such as the sweep's tokenizer grid)."""
     from ...lexical import BM25Params, lexical_signals
-    from ..signals import lexical_specs
 
     p, batch = ctx.params, ctx.batch
     if p.speaker_gamma <= 0 or batch.q_text is None or ctx.lexical is not None:
-        return lexical_signals(ctx.view, batch.q_terms, batch.q_conv, lexical_specs(names),
+        return lexical_signals(ctx.view, batch.q_terms, batch.q_conv,
+                               ctx.lexical_specs(names),
                                params=BM25Params(p.k1, p.b, p.bm25_method),
                                device=str(ctx.device), lexical=ctx.lexical)
     return {"bm25_Tmax": speaker_turn_signal(ctx.view, batch.q_text, batch.q_conv,
                                              batch.q_terms, ctx.layout, p.speaker_gamma,
-                                             p.k1, p.b, p.bm25_method, str(ctx.device))}
+                                             p.k1, p.b, p.bm25_method, str(ctx.device),
+                                             spec=ctx.lexical_specs(["bm25_Tmax"]))}
 
 
 def _speaker_weights(view, pick: Sequence[int], n_speakers: int, gamma: float, k1: float,
