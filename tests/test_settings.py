@@ -45,6 +45,8 @@ BAD = [
     (ReadParams, "b", 1.01), (ReadParams, "b", -0.01),
     (ReadParams, "speaker_gamma", -0.5), (ReadParams, "speaker_gamma", -math.inf),
     (ReadParams, "time_beta", math.nan),
+    (ReadParams, "cues", {"recency": -1.0}), (ReadParams, "cues", {"": 1.0}),
+    (ReadParams, "cues", "recency"), (ReadParams, "cues", {"recency": math.inf}),
     (BuildParams, "summaries", None), (BuildParams, "keywords", None),
     (BuildParams, "m", 0), (BuildParams, "m", MAX + 1), (BuildParams, "m", 2.5),
     (BuildParams, "skip_sessions", -1), (BuildParams, "skip_sessions", (1 << 31) + 1),

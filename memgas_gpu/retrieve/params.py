@@ -60,7 +60,7 @@ def _cue_weights(name: str, value: Any) -> tuple:
     weight = Spec("real", lo=0)
     try:
         pairs = value.items() if isinstance(value, dict) else tuple(value)
-        out = tuple(sorted((n, weight.check(f"{name}[{n!r}]", w)) for n, w in pairs))
+        out = tuple(sorted((n, weight.check(f"{name} weight of {n!r}", w)) for n, w in pairs))
     except (TypeError, ValueError) as e:
         if isinstance(e, SettingsError):
             raise
