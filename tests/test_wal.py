@@ -52,6 +52,14 @@ def _logs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix == ".log")
 
 
+def _join(threads) -> None:
+    """Join ``threads``; one still running after 30 s waits forever (a failure, not a
+    hung test run)."""
+    for th in threads:
+        th.join(30)
+    assert not any(th.is_alive() for th in threads), "an appender is still waiting"
+
+
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "memgas_gpu.wal" and r.levelno == logging.WARNING]
@@ -346,8 +354,7 @@ def _hammer(w: WriteAheadLog, threads: int, each: int) -> dict:
     pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
     for th in pool:
         th.start()
-    for th in pool:
-        th.join()
+    _join(pool)
     assert not errors, errors
     return got
 
@@ -395,8 +402,7 @@ def test_every_append_returns_after_an_fsync_that_covers_its_record(tmp_path, mo
     pool = [threading.Thread(target=work, args=(t,)) for t in range(8)]
     for th in pool:
         th.start()
-    for th in pool:
-        th.join()
+    _join(pool)
     w.close()
     f = _logs(tmp_path)[0]
     ends = _offsets(f)[1:] + [f.stat().st_size]
@@ -467,9 +473,7 @@ def test_a_full_disk_fails_every_appender_of_the_group_and_the_log_goes_on(tmp_p
     first, rest, results = _group_of(w, disk, 6)
     disk.fail_write = True  # the second group's write: half, then ENOSPC
     disk.hold.set()
-    first.join()
-    for th in rest:
-        th.join()
+    _join([first] + rest)
     assert results[0] == 1
     assert all(isinstance(results[k], OSError) and results[k].errno == errno.ENOSPC
                and "the record was not written" in str(results[k]) for k in range(1, 7)), results

@@ -266,10 +266,13 @@ def _failure(e: BaseException, path: Path) -> BaseException:
     """A fresh error for one appender of a group whose write failed with ``e`` (each
     thread raises its own exception object); an ``OSError`` keeps its number."""
     if isinstance(e, OSError) and e.errno is not None:
-        return OSError(e.errno, f"{os.strerror(e.errno)} (appending to the write-ahead "
-                                "log); the record was not written", str(path))
-    return WALError(f"{path}: appending failed ({type(e).__name__}: {e}); the record was "
-                    "not written")
+        err = OSError(e.errno, f"{os.strerror(e.errno)} (appending to the write-ahead log); "
+                               "the record was not written", str(path))
+    else:
+        err = WALError(f"{path}: appending failed ({type(e).__name__}: {e}); the record was "
+                       "not written")
+    err.__cause__ = e
+    return err
 
 
 class _Pending:
@@ -518,18 +521,24 @@ class WriteAheadLog:
             error = e
         finally:
             self._cond.acquire()
-        if error is None:
-            for k, req in enumerate(batch):
-                req.lsn, req.done = first + k, True
-            self._next_lsn += len(batch)
-            self._appends += len(batch)
-        else:
-            path = self._files[-1][1]
+        try:
+            if error is None:
+                for k, req in enumerate(batch):
+                    req.lsn = first + k
+                self._next_lsn += len(batch)
+                self._appends += len(batch)
+            else:
+                path = self._files[-1][1]
+                for req in batch:
+                    req.error = _failure(error, path)
+        finally:  # whatever happens here, no appender waits forever or gets a made-up LSN
             for req in batch:
-                req.error, req.done = _failure(error, path), True
-                req.error.__cause__ = error
-        self._busy = False
-        self._cond.notify_all()
+                if req.lsn == 0 and req.error is None:
+                    req.error = WALError(f"{self._folder}: the group's write ended without "
+                                         "an outcome; the record may not be written")
+                req.done = True
+            self._busy = False
+            self._cond.notify_all()
         if error is not None and not isinstance(error, Exception):
             raise error  # KeyboardInterrupt and the like stop the leader itself
 
