@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, Union
 
-__all__ = ["atomic_write", "atomic_dir", "iter_jsonl", "nan_to_null", "find_surrogate",
+__all__ = ["atomic_write", "atomic_dir", "fsync_dir", "iter_jsonl", "nan_to_null", "find_surrogate",
            "replace_surrogates", "may_hold_surrogate", "MAX_NUMBER_DIGITS", "JSONLimitError", "json_loads"]
 
 #: longest integer literal (and longest run of digits in any number) accepted in JSON
@@ -74,6 +74,29 @@ def atomic_write(path: Union[str, os.PathLike], mode: str = "w", **kwargs) -> It
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def fsync_dir(path: Union[str, os.PathLike], *, strict: bool = False) -> None:
+    """Make the entries of the folder ``path`` durable (files created, renamed or
+    removed in it) by an fsync of the folder itself.
+
+    A failure is ignored by default (a platform or file system that cannot sync a
+    folder); ``strict=True`` raises it, for a caller that promises durability (the
+    write-ahead log of :mod:`memgas_gpu.retrieve.wal`).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if strict:
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if strict:
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

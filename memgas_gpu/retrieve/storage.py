@@ -35,7 +35,7 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from .._io import (JSONLimitError, atomic_write, find_surrogate, json_loads,
+from .._io import (JSONLimitError, atomic_write, find_surrogate, fsync_dir, json_loads,
                    may_hold_surrogate)
 from ..errors import MemgasError
 from .checks import IndexFormatError
@@ -101,15 +101,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _is_own(name: str) -> bool:
@@ -390,7 +381,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
                 os.chmod(p, mode)
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             _verify_written(tmp, manifest, tensors)
             os.replace(tmp, path / name)
         except BaseException as e:
@@ -399,7 +390,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
             if named is not None:
                 raise named from None
             raise
-        _fsync_dir(path)
+        fsync_dir(path)
         try:
             with atomic_write(path / "manifest.json", "w", encoding="utf-8") as f:
                 json.dump({"format": FORMAT_NAME, "version": FORMAT_VERSION, "current": name,
@@ -414,7 +405,7 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
             if named is not None:
                 raise named from None
             raise
-        _fsync_dir(path)
+        fsync_dir(path)
         _clean(path, keep=name)
     return name
 

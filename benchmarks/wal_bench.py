@@ -1,0 +1,103 @@
+"""Write-ahead log append latency on this machine's disk: one thread (an fsync per
+append) against 8 threads (group commit), next to the cost of an fsync alone.
+
+    PYTHONPATH=$PWD python benchmarks/wal_bench.py [--dir DIR] [--appends 400] [--bytes 512]
+
+DIR (default: the temporary folder) must be on the disk to measure: a tmpfs makes fsync
+free.  Prints a markdown table: p50 / p99 latency per append (or per fsync), appends per
+second, and fsyncs per append.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from memgas_gpu.retrieve.wal import WriteAheadLog  # noqa: E402
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def fsync_alone(folder: Path, n: int, size: int) -> tuple[list[float], float]:
+    """Latency of write + fsync of ``size`` bytes appended to one file, ``n`` times."""
+    fd = os.open(folder / "fsync.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    data, out = os.urandom(size), []
+    t0 = time.perf_counter()
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            os.write(fd, data)
+            os.fsync(fd)
+            out.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+    return out, time.perf_counter() - t0
+
+
+def appends(folder: Path, threads: int, n: int, size: int):
+    """Per-append latencies of ``threads`` threads appending ``n`` records in all."""
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    with WriteAheadLog.open(folder) as w:
+        before = w.stats
+        go = threading.Barrier(threads + 1)
+
+        def work(t: int) -> None:
+            data = os.urandom(size)
+            go.wait()
+            for _ in range(n // threads):
+                s = time.perf_counter()
+                w.append(data)
+                lat[t].append(time.perf_counter() - s)
+
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for th in pool:
+            th.start()
+        go.wait()
+        t0 = time.perf_counter()
+        for th in pool:
+            th.join()
+        wall = time.perf_counter() - t0
+        after = w.stats
+    fsyncs = after.fsyncs - before.fsyncs
+    return [x for xs in lat for x in xs], wall, fsyncs, after.appends - before.appends
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
+    ap.add_argument("--appends", type=int, default=400, help="appends per row (default 400)")
+    ap.add_argument("--bytes", type=int, default=512, help="payload size (default 512)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="wal-bench-", dir=a.dir) as tmp:
+        root = Path(tmp)
+        ms = 1e3
+        rows = []
+        lat, wall = fsync_alone(root, a.appends, a.bytes + 16)
+        rows.append(("write + fsync alone", _pct(lat, .5) * ms, _pct(lat, .99) * ms,
+                     a.appends / wall, "1"))
+        for threads in (1, 8):
+            lat, wall, fsyncs, n = appends(root / f"wal{threads}", threads, a.appends, a.bytes)
+            rows.append((f"append, {threads} thread{'s' * (threads > 1)}",
+                         _pct(lat, .5) * ms, _pct(lat, .99) * ms, n / wall,
+                         f"{fsyncs / n:.3f} ({fsyncs} for {n})"))
+        print(f"write-ahead log on {Path(tmp).parent} ({a.appends} appends of {a.bytes} "
+              "bytes per row)\n")
+        print("| what | p50 ms | p99 ms | appends/s | fsyncs per append |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        for what, p50, p99, rate, per in rows:
+            print(f"| {what} | {p50:.2f} | {p99:.2f} | {rate:,.0f} | {per} |")
+        print(f"\ncommand: PYTHONPATH=$PWD python benchmarks/wal_bench.py --appends {a.appends} "
+              f"--bytes {a.bytes}" + (f" --dir {a.dir}" if a.dir else ""))
+
+
+if __name__ == "__main__":
+    main()
