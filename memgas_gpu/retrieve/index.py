@@ -45,10 +45,13 @@ from .graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
 from .search import (Retrieval, SearchResult, check_search, question_indices,
                      rank_queries, rank_questions)
-from .segments import Segment, State, View, local_graph, split_graph, with_segment
+from .segments import (Segment, State, View, local_graph, split_graph, with_segment,
+                       without_segment)
 from .signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
-from .writes import append_session, check_session, grow_graph, session_texts
+from .records import add_record, as_tensor_rows, forget_record, remove_record
+from .writes import (Encoded, append_session, check_session, encode_session, grow_graph,
+                     session_texts, stored_encoding)
 from .texts import TextTable
 
 __all__ = ["MemoryIndex", "BuildParams", "GraphParams", "EncoderMismatchError"]
@@ -84,7 +87,8 @@ class MemoryIndex:
                  config: dict, lexical: Any = None, turns: Optional[Tensor] = None,
                  turn_ptr: Optional[Tensor] = None,
                  turn_text: Optional[TextTable] = None, tables: Optional[dict] = None,
-                 max_views: int = DEFAULT_MAX_VIEWS, digest: Optional[Tensor] = None) -> None:
+                 max_views: int = DEFAULT_MAX_VIEWS, digest: Optional[Tensor] = None,
+                 generation: int = 0, segment_days: Optional[list] = None) -> None:
         ids: dict = {}
         for i, c in enumerate(conversations):
             if c.id in ids:
@@ -93,7 +97,6 @@ class MemoryIndex:
             ids[c.id] = i
         self.questions = questions
         self.q_emb = q_emb
-        self.q_conv = q_conv
         self.params = params
         self.config = config
         #: the folder and version this index was loaded from or last saved to
@@ -112,7 +115,8 @@ class MemoryIndex:
         dense = dict(tables or {})
         if concat is not None:
             dense["concat"] = concat
-        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest)
+        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest,
+                                   generation)
         self._graph_keys = frozenset(graphs) | {params.key()}
         offs = conv_offsets.tolist()
         # segments keep their graphs on the CPU; the first view keeps the tensors given
@@ -120,9 +124,16 @@ class MemoryIndex:
                  for k, (ip, ix) in graphs.items()}
         segs = tuple(
             Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates)),
-                    row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts})
+                    row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts},
+                    days=segment_days[i] if segment_days is not None else None)
             for i, c in enumerate(conversations))
         self._state = State(segs, ids, self._store.tables())
+        self._tip = self._state  # the state writes build on (ahead while logging)
+        self._durable = None  # a Durable when opened on a folder (:meth:`open`)
+        #: the conversation of each dataset question, by id (positions move when a
+        #: conversation is forgotten)
+        self._q_ids = [conversations[c].id for c in q_conv.tolist()]
+        self._question_conversations = frozenset(self._q_ids)
         # the view of every conversation, with the joined graphs given: nothing is
         # joined again for the first read of the whole index
         self._view_at(range(len(segs)), self._state, graphs=graphs)
@@ -133,6 +144,7 @@ class MemoryIndex:
         d = dict(self.__dict__)
         d.pop("_write_lock", None)
         d.pop("_save_lock", None)
+        d["_durable"] = None  # a copy is a memory in RAM, not the folder's writer
         d["_cache"] = self._cache.max_views
         return d
 
@@ -310,12 +322,11 @@ class MemoryIndex:
         """
         qi = question_indices(len(self.questions), questions)
         st = self._state
-        conv = self.q_conv[qi]
-        view = self._view_at(torch.unique(conv).tolist(), st)
+        ids = [self._q_ids[i] for i in qi.tolist()]
+        view = self._view_at({st.position(c) for c in ids}, st)
         lex = view.lexical
         qs = [self.questions[i] for i in qi.tolist()]
-        batch = QueryBatch(self.q_emb[qi],
-                           view.positions([st.segments[c].id for c in conv.tolist()]),
+        batch = QueryBatch(self.q_emb[qi], view.positions(ids),
                            lex.queries.rows(qi) if lex is not None else None,
                            [q.text for q in qs], [q.date for q in qs])
         return view, batch, qi
@@ -410,10 +421,101 @@ class MemoryIndex:
 
     @classmethod
     def load(cls, path) -> "MemoryIndex":
-        """Read an index folder written by :meth:`save`."""
+        """Read an index folder written by :meth:`save` (or a durable memory's folder,
+        :meth:`open`: as its writer last made it durable), in memory only."""
+        from .storage import DURABLE_VERSION, folder_version
+
+        if folder_version(path) == DURABLE_VERSION:
+            from .durable import load_memory
+
+            return load_memory(cls, path)
         from .persist import load_index
 
         return load_index(path, cls)
+
+    # ------------------------------------------------------------------ a folder
+    @classmethod
+    def open(cls, path, encoder: Any = None, *, readonly: bool = False,
+             checkpoint_bytes: Optional[int] = None,
+             checkpoint_seconds: Optional[float] = None,
+             lock_timeout: float = 0.0) -> "MemoryIndex":
+        """A memory kept in the folder ``path``: every ``add_session``,
+        ``remove_session`` and ``forget_conversation`` is written to the folder's log
+        and synced before it returns, so it survives a crash of the process
+        (docs/failure.md, "A durable memory").
+
+        Creates an empty memory there when the folder does not exist (with ``encoder``,
+        default the bundled one); opens a folder written by :meth:`save` or ``memgas
+        index`` (converted to the durable format by its first checkpoint) or by an
+        earlier ``open``, replaying what its log holds after the last checkpoint.
+        One process writes a folder at a time; any number follow it read-only.
+
+        Args:
+            encoder: the encoder of new sessions and queries (checked against the one
+                the memory records).
+            readonly: follow the folder without writing (no lock): :meth:`refresh`
+                reads what the writer added since.
+            checkpoint_bytes, checkpoint_seconds: a write runs a checkpoint once the log
+                has grown by this many bytes (default 64 MiB) or this long after the
+                last one (default 300 s); :meth:`close` always does.
+            lock_timeout: seconds to wait for another writer to close the folder.
+
+        Raises:
+            IndexLockError: another process has the folder open for writing (naming it).
+            IndexFormatError: the folder is not a memory, or is damaged.
+        """
+        from .durable import CHECKPOINT_BYTES, CHECKPOINT_SECONDS, open_memory
+
+        return open_memory(cls, path, encoder=encoder, readonly=readonly,
+                           checkpoint_bytes=CHECKPOINT_BYTES if checkpoint_bytes is None
+                           else checkpoint_bytes,
+                           checkpoint_seconds=CHECKPOINT_SECONDS
+                           if checkpoint_seconds is None else checkpoint_seconds,
+                           lock_timeout=lock_timeout)
+
+    @property
+    def folder(self) -> Optional[str]:
+        """The folder a memory was opened on (:meth:`open`), else None."""
+        return str(self._durable.folder) if self._durable is not None else None
+
+    def checkpoint(self) -> None:
+        """Write what the memory holds to its folder (the changed conversations and the
+        new sessions only) and drop the log that covered it.  Runs by itself as the log
+        grows, and on :meth:`close`."""
+        if self._durable is None:
+            raise ValueError("this memory is not opened on a folder (MemoryIndex.open)")
+        self._durable.checkpoint()
+
+    def refresh(self) -> int:
+        """A memory opened read-only: read what its writer made durable since; returns
+        how many writes it applied (-1: it loaded the writer's newer checkpoint)."""
+        d = self._durable
+        if d is None or not d.readonly:
+            raise ValueError("refresh() follows a memory opened with readonly=True")
+        n = d.refresh()
+        if n >= 0:
+            return n
+        from .durable import load_memory
+
+        fresh = load_memory(type(self), d.folder, follow=True)
+        with self._write_lock:
+            stale = [s.version for s in self._state.segments]
+            self._store, self._tip, self._durable = fresh._store, fresh._tip, fresh._durable
+            self._durable.index = self
+            self._publish(fresh._state, stale)
+        return -1
+
+    def close(self) -> None:
+        """A memory opened on a folder: wait for the writes in flight, checkpoint, and
+        release the folder.  Reads still work afterwards; writes are refused."""
+        if self._durable is not None:
+            self._durable.close()
+
+    def __enter__(self) -> "MemoryIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ encoder
     def query_encoder(self, encoder: Any = None):
@@ -456,9 +558,11 @@ class MemoryIndex:
 
         Only the new session's nodes get edges (to earlier sessions), so every stored
         graph ends up identical to a full rebuild with the same texts.  A session another
-        conversation already holds (same id and turns) is stored once, as in a build.
-        Costs what this conversation costs; everything is checked, encoded and linked
-        before the index changes, so a failure leaves it as it was.
+        conversation already holds with the same content (id, turns, summary and
+        keywords) is stored once, as in a build.  Costs what this conversation costs;
+        everything is checked, encoded and linked before the index changes, so a failure
+        leaves it as it was.  On a memory opened on a folder (:meth:`open`), the session
+        is in the folder's log, synced, before this returns.
 
         Args:
             conversation_id: the conversation to grow (a new id creates it).
@@ -473,51 +577,9 @@ class MemoryIndex:
             TypeError, ValueError: a malformed id, session or text (nothing changed).
         """
         check_session(conversation_id, session, summary, keywords)
-        with self._write_lock:
-            st = self._state
-            ci = st.ids.get(conversation_id)
-            old = st.segments[ci] if ci is not None else None
-            if old is not None and session.id in old.meta.session_ids:
-                raise ValueError(f"conversation {conversation_id!r} already has a session "
-                                 f"{session.id!r}")
-            enc = self.query_encoder(encoder)
-            summary, keywords = session_texts(session, summary, keywords)
-            digest = session_digest(session, summary, keywords)
-            store = self._store
-            store.track(st.segments)
-            mark = store.mark()
-            slot = store.find(digest)
-            shared = slot is not None
-            try:
-                if shared:
-                    store.ref(slot)
-                else:
-                    slot = append_session(store, session, summary, keywords, enc, self.dim,
-                                          digest)
-                tables = store.tables()
-                slots = torch.cat([old.slots if old is not None
-                                   else torch.zeros(0, dtype=torch.long),
-                                   torch.tensor([slot])])
-                keys = (old.graphs.keys() if old is not None else
-                        self.saved_graph_keys(self._view_at(range(len(st.segments)), st)))
-                graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
-                                        tables.gran[slots],
-                                        GraphParams.from_key(k, self.params)) for k in keys}
-            except BaseException:  # no published state refers to what changed: undo it
-                if shared:
-                    store.unref(slot, undo=True)
-                else:
-                    store.rollback(mark)
-                raise
-            meta = ConversationMeta(conversation_id,
-                                    [*(old.meta.session_ids if old else ()), session.id],
-                                    [*(old.meta.session_dates if old else ()), session.date])
-            days = torch.cat([old.days if old is not None
-                              else torch.zeros(0, dtype=torch.float64),
-                              session_days([session.date])])
-            seg = Segment(meta, slots, graphs, days=days)
-            self._publish(with_segment(st, len(st.segments) if ci is None else ci, seg,
-                                       tables), [old.version] if old is not None else [])
+        require_encoder(encoder)
+        self._write(lambda st: self._add(st, conversation_id, session, summary, keywords,
+                                         encoder=encoder))
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
@@ -526,51 +588,202 @@ class MemoryIndex:
         one position, so their edges change) and the session's rows are dropped, so the
         index equals a rebuild without the session: same graph edges, embeddings and BM25
         statistics.  A session shared with another conversation (LongMemEval haystacks)
-        keeps its embeddings for the others.  Costs what this conversation costs.
+        keeps its embeddings for the others.  Costs what this conversation costs.  Its
+        data leaves memory and files at the next compaction (docs/failure.md).
 
         Raises:
             KeyError: unknown conversation or session id.
         """
-        with self._write_lock:
-            st = self._state
-            ci = st.position(conversation_id)
-            old = st.segments[ci]
-            if session_id not in old.meta.session_ids:
-                raise KeyError(f"conversation {conversation_id!r} has no session "
-                               f"{session_id!r}")
-            j = old.meta.session_ids.index(session_id)
-            keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
-            t = st.tables
-            graphs = {k: local_graph(t.gran[keep].reshape(-1, self.dim), keep.numel(),
-                                     GraphParams.from_key(k, self.params))
-                      for k in old.graphs}
-            ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
-            del ids[j], dates[j]
-            store = self._store
-            store.track(st.segments)
-            store.unref(int(old.slots[j]))
-            days = torch.cat([old.days[:j], old.days[j + 1:]])
-            seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs,
-                          days=days)
-            new = with_segment(st, ci, seg, st.tables)
-            stale = [old.version]
-            if store.wants_compaction():
-                new, gone = self._compact(new)
-                stale += gone
-            self._publish(new, stale)
+        self._write(lambda st: self._remove(st, conversation_id, session_id))
+
+    def forget_conversation(self, conversation_id: str) -> None:
+        """Forget a conversation: every session of it, and the conversation itself (it
+        is no longer listed; a search of it answers empty).  Costs what this conversation
+        costs; its data leaves memory and files at the next compaction
+        (docs/failure.md).
+
+        Raises:
+            KeyError: an unknown conversation id.
+            ValueError: the dataset's evaluation questions ask about it (rebuild the
+                index without the conversation instead).
+        """
+        self._write(lambda st: self._forget(st, conversation_id))
 
     def compact(self) -> int:
         """Drop the stored sessions no conversation uses any more (removed ones) now,
         instead of when they outnumber the live ones; returns how many were dropped.
-        Costs a copy of every live session's data."""
+        Costs a copy of every live session's data.  On a memory opened on a folder, a
+        checkpoint follows and the log is emptied, so that no file of the folder holds
+        the removed sessions' texts or embeddings any more."""
+        d = self._durable
         with self._write_lock:
-            st = self._state
+            if d is not None:
+                d.drain()
+            st = self._tip
             self._store.track(st.segments)
             dropped = self._store.garbage
             if dropped:
                 new, gone = self._compact(st)
+                self._tip = new
                 self._publish(new, gone)
-            return dropped
+        if d is not None:
+            d.compacted()
+        return dropped
+
+    def _write(self, change) -> None:
+        """Apply ``change(tip) -> (state, stale, record)`` under the write lock and
+        publish the state (None: nothing to do); on a memory opened on a folder, the
+        record is logged, synced, and only then the state published, in log order."""
+        d = self._durable
+        with self._write_lock:
+            if d is not None:
+                d.check_writable()
+            new, stale, record = change(self._tip)
+            if new is None:
+                return
+            if d is None:
+                self._tip = new
+                self._publish(new, stale)
+                return
+            ticket = d.submit(record, new, stale)
+            self._tip = new
+        d.commit(ticket)
+
+    def _add(self, st: State, conversation_id: str, session: Session, summary, keywords,
+             encoder: Any = None, encoded: Optional[Encoded] = None,
+             replay: bool = False):
+        """``(state, stale, record)`` of adding ``session`` to ``st`` (``encoded``: its
+        embeddings from a log record, else encoded here; ``replay``: a session already
+        there with the same content is skipped)."""
+        ci = st.ids.get(conversation_id)
+        old = st.segments[ci] if ci is not None else None
+        if encoded is None:
+            enc = self.query_encoder(encoder)
+        summary, keywords = session_texts(session, summary, keywords)
+        digest = session_digest(session, summary, keywords)
+        store = self._store
+        store.track(st.segments)
+        if old is not None and session.id in old.meta.session_ids:
+            if replay:
+                j = old.meta.session_ids.index(session.id)
+                if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest:
+                    return None, (), None  # already there: a replayed record
+            raise ValueError(f"conversation {conversation_id!r} already has a session "
+                             f"{session.id!r}")
+        mark = store.mark()
+        slot = store.find(digest)
+        shared = slot is not None
+        try:
+            if shared:
+                store.ref(slot)
+                if encoded is None:
+                    encoded = stored_encoding(st.tables, slot)
+            else:
+                if encoded is None:
+                    encoded = encode_session(store, session, summary, keywords, enc, self.dim)
+                slot = append_session(store, session, summary, keywords, encoded, digest)
+            tables = store.tables()
+            slots = torch.cat([old.slots if old is not None
+                               else torch.zeros(0, dtype=torch.long),
+                               torch.tensor([slot])])
+            keys = (old.graphs.keys() if old is not None else
+                    self.saved_graph_keys(self._view_at(range(len(st.segments)), st)))
+            graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
+                                    tables.gran[slots],
+                                    GraphParams.from_key(k, self.params)) for k in keys}
+            record = (add_record(conversation_id, session, summary, keywords, encoded)
+                      if self._durable is not None and not replay else None)
+        except BaseException:  # no published state refers to what changed: undo it
+            if shared:
+                store.unref(slot, undo=True)
+            else:
+                store.rollback(mark)
+            raise
+        meta = ConversationMeta(conversation_id,
+                                [*(old.meta.session_ids if old else ()), session.id],
+                                [*(old.meta.session_dates if old else ()), session.date])
+        days = torch.cat([old.days if old is not None
+                          else torch.zeros(0, dtype=torch.float64),
+                          session_days([session.date])])
+        seg = Segment(meta, slots, graphs, days=days)
+        new = with_segment(st, len(st.segments) if ci is None else ci, seg, tables)
+        return new, [old.version] if old is not None else [], record
+
+    def _remove(self, st: State, conversation_id: str, session_id: str,
+                replay: bool = False):
+        ci = st.ids.get(conversation_id)
+        if ci is None or session_id not in st.segments[ci].meta.session_ids:
+            if replay:
+                return None, (), None
+            if ci is None:
+                raise KeyError(f"no conversation {conversation_id!r} in this index")
+            raise KeyError(f"conversation {conversation_id!r} has no session "
+                           f"{session_id!r}")
+        old = st.segments[ci]
+        j = old.meta.session_ids.index(session_id)
+        keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
+        t = st.tables
+        graphs = {k: local_graph(t.gran[keep].reshape(-1, self.dim), keep.numel(),
+                                 GraphParams.from_key(k, self.params))
+                  for k in old.graphs}
+        ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
+        del ids[j], dates[j]
+        record = (remove_record(conversation_id, session_id)
+                  if self._durable is not None and not replay else None)
+        store = self._store
+        store.track(st.segments)
+        store.unref(int(old.slots[j]))
+        days = torch.cat([old.days[:j], old.days[j + 1:]])
+        seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs, days=days)
+        new = with_segment(st, ci, seg, st.tables)
+        stale = [old.version]
+        if store.wants_compaction():
+            new, gone = self._compact(new)
+            stale += gone
+        return new, stale, record
+
+    def _forget(self, st: State, conversation_id: str, replay: bool = False):
+        ci = st.ids.get(conversation_id)
+        if ci is None:
+            if replay:
+                return None, (), None
+            raise KeyError(f"no conversation {conversation_id!r} in this index")
+        if conversation_id in self._question_conversations:
+            raise ValueError(f"conversation {conversation_id!r} holds evaluation questions "
+                             "of the dataset; rebuild the index without it instead")
+        old = st.segments[ci]
+        record = (forget_record(conversation_id)
+                  if self._durable is not None and not replay else None)
+        store = self._store
+        store.track(st.segments)
+        for slot in old.slots.tolist():
+            store.unref(slot)
+        new = without_segment(st, ci, st.tables)
+        stale = [old.version]
+        if store.wants_compaction():
+            new, gone = self._compact(new)
+            stale += gone
+        return new, stale, record
+
+    def _apply(self, record) -> bool:
+        """Apply a log record (recovery, a reader's refresh) to the current state and
+        publish it; False when it was there already."""
+        with self._write_lock:
+            st = self._tip
+            if record.op == "add":
+                new, stale, _ = self._add(st, record.conversation_id, record.session,
+                                          record.summary, record.keywords,
+                                          encoded=as_tensor_rows(record.encoded), replay=True)
+            elif record.op == "remove":
+                new, stale, _ = self._remove(st, record.conversation_id, record.session_id,
+                                             replay=True)
+            else:
+                new, stale, _ = self._forget(st, record.conversation_id, replay=True)
+            if new is None:
+                return False
+            self._tip = new
+            self._publish(new, stale)
+            return True
 
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:
@@ -611,6 +824,16 @@ class MemoryIndex:
     def build_params(self) -> BuildParams:
         """The write path's settings this index was built with (sources by name)."""
         return BuildParams.from_record((self.config or {}).get("build"))
+
+    def question_conversation_ids(self) -> list:
+        """The conversation id of each dataset question."""
+        return list(self._q_ids)
+
+    @property
+    def q_conv(self) -> Tensor:
+        """``[n_questions]`` position of each dataset question's conversation."""
+        ids = self._state.ids
+        return torch.tensor([ids[c] for c in self._q_ids], dtype=torch.long)
 
     def conversation_index(self, conversation_id: str) -> int:
         return self._state.position(conversation_id)

@@ -40,14 +40,20 @@ from .._io import (JSONLimitError, atomic_write, find_surrogate, fsync_dir, json
 from ..errors import MemgasError
 from .checks import IndexFormatError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "LOCK_TIMEOUT",
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "DURABLE_VERSION", "NEWEST_VERSION",
+           "folder_version", "read_pointer", "writer_lock", "MAX_MANIFEST_BYTES", "LOCK_TIMEOUT",
            "LEGACY_VERSION", "FolderVersion", "StoredIndex", "IndexConflictError",
            "IndexLockError", "current_version", "write_index_dir", "read_index_dir", "check_target",
            "check_lock_timeout"]
 
 FORMAT_NAME = "memgas_gpu.index"
-#: 2: versioned subfolders behind a pointer manifest; 1: one folder (still read)
+#: what ``save`` writes: 2, versioned subfolders behind a pointer manifest (1: one
+#: folder, still read)
 FORMAT_VERSION = 2
+#: a durable memory's folder (``MemoryIndex.open``): checkpoints and a write-ahead log
+DURABLE_VERSION = 3
+#: the newest format this version reads
+NEWEST_VERSION = DURABLE_VERSION
 #: largest version manifest read or written (conversation and question metadata: a
 #: LongMemEval-M index needs about 20 MB); a larger file is refused before it is read
 MAX_MANIFEST_BYTES = 256 << 20
@@ -64,7 +70,8 @@ _RELEASED = "released"
 _POINTER_TMP = re.compile(r"^\.manifest\.json\.[a-z0-9_]{8}\.tmp$")
 _READ_TRIES = 20
 #: names a version-2 folder may hold besides ``v-*``, ``.tmp-*`` and pointer temporaries
-_OWN = {"manifest.json", "tensors.safetensors", _LOCK}
+_OWN = {"manifest.json", "tensors.safetensors", _LOCK, "wal", "data"}
+_CHECKPOINT = re.compile(r"^ckpt-[0-9a-f]{32}\.json$")
 
 
 class IndexConflictError(MemgasError):
@@ -105,6 +112,7 @@ def _umask() -> int:
 
 def _is_own(name: str) -> bool:
     return (name in _OWN or bool(_VERSION_DIR.match(name)) or name.startswith(_TMP_PREFIX)
+            or bool(_CHECKPOINT.match(name))
             or bool(_POINTER_TMP.match(name)))
 
 
@@ -227,6 +235,16 @@ def _locked(path: Path, timeout: float):
             with contextlib.suppress(OSError):
                 _stamp(fd, f"{me} {_RELEASED}\n")
         os.close(fd)  # releases the lock (unless a process inherited the descriptor)
+
+
+def writer_lock(path: Path, timeout: float = 0.0):
+    """The folder's writer lock (``path/.lock``), held until the context exits: what a
+    save holds while it writes, and a durable memory for its whole life.
+
+    Raises:
+        IndexLockError: another writer held it for ``timeout`` seconds (naming it).
+    """
+    return _locked(Path(path), timeout)
 
 
 # ------------------------------------------------------------------------- writing
@@ -354,6 +372,10 @@ def write_index_dir(path: Path, tensors: dict, manifest: bytes, *,
         raise IndexFormatError(f"{path}: the manifest would take {len(manifest)} bytes, more "
                                f"than the {MAX_MANIFEST_BYTES} a reader accepts; not saved")
     _check_target(path)
+    if folder_version(path) == DURABLE_VERSION:
+        raise IndexFormatError(f"{path}: a durable memory's folder (format "
+                               f"{DURABLE_VERSION}): its writer checkpoints it "
+                               "(MemoryIndex.open, checkpoint()); save a copy elsewhere")
     path.mkdir(parents=True, exist_ok=True)
     mode = 0o666 & ~_umask()
     with _locked(path, lock_timeout):
@@ -457,10 +479,10 @@ def _check_header(mf: Path, m) -> None:
     if type(version) is not int:
         raise IndexFormatError(f"{mf}: field 'version': expected an integer, got "
                                f"{json.dumps(version)[:80]}")
-    if version > FORMAT_VERSION:
+    if version > NEWEST_VERSION:
         raise IndexFormatError(
             f"{mf}: index format version {version} is newer than this memgas_gpu reads "
-            f"({FORMAT_VERSION}); upgrade memgas_gpu (pip install -U memgas_gpu)")
+            f"({NEWEST_VERSION}); upgrade memgas_gpu (pip install -U memgas_gpu)")
     if version < 1:
         raise IndexFormatError(f"{mf}: field 'version': {version} is not a format version")
 
@@ -481,10 +503,38 @@ def _load_tensors(tf: Path) -> dict:
         raise IndexFormatError(f"{tf}: unreadable safetensors file ({msg})") from None
 
 
+def folder_version(path) -> Optional[int]:
+    """The format version of the index folder ``path`` (1, 2, or 3 for a durable memory),
+    or None when it holds no index.
+
+    Raises:
+        IndexFormatError: the pointer is unreadable or of a newer format.
+    """
+    top = Path(path) / "manifest.json"
+    try:
+        m, _ = _read_json(top, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        return None
+    _check_header(top, m)
+    return m["version"]
+
+
+def read_pointer(path) -> dict:
+    """The folder's pointer manifest (its header checked)."""
+    top = Path(path) / "manifest.json"
+    m, _ = _read_json(top, MAX_MANIFEST_BYTES)
+    _check_header(top, m)
+    return m
+
+
 def _pointer(top: Path) -> tuple[dict, bool]:
     """The top manifest of a folder and whether it is a version-2 pointer."""
     m, _ = _read_json(top, MAX_MANIFEST_BYTES)
     _check_header(top, m)
+    if m["version"] == DURABLE_VERSION:
+        raise IndexFormatError(f"{top}: a durable memory's folder (format "
+                               f"{DURABLE_VERSION}): read it with MemoryIndex.load or "
+                               "MemoryIndex.open")
     if "current" not in m:
         return m, False
     name = m["current"]

@@ -151,6 +151,8 @@ class StoreTables:
             to no document of this snapshot).
         digest: ``[n_slots, DIGEST_BYTES]`` uint8 content digest of each slot
             (:func:`session_digest`; zeros: unknown), or None.
+        generation: the store's slot numbering (a compaction renumbers: a new
+            generation).
     """
 
     gran: Tensor
@@ -163,6 +165,7 @@ class StoreTables:
     lexical_base: object
     n_terms: int
     digest: Optional[Tensor] = None
+    generation: int = 0
 
     @property
     def n_slots(self) -> int:
@@ -187,7 +190,8 @@ class StoreTables:
                 docs[g], ptr[g] = m.rows(ids), _counts_ptr(p, slots)
         return StoreTables(self.gran[slots], {k: v[slots] for k, v in self.dense.items()},
                            turns, turn_ptr, text, docs, ptr, self.lexical_base, self.n_terms,
-                           self.digest[slots] if self.digest is not None else None)
+                           self.digest[slots] if self.digest is not None else None,
+                           self.generation)
 
     @property
     def concat(self) -> Optional[Tensor]:
@@ -265,7 +269,8 @@ class SessionStore:
 
     def __init__(self, gran: Tensor, dense: dict, turns: Optional[Tensor],
                  turn_ptr: Optional[Tensor], turn_text: Optional[TextTable],
-                 lexical=None, digest: Optional[Tensor] = None) -> None:
+                 lexical=None, digest: Optional[Tensor] = None, generation: int = 0) -> None:
+        self.generation = generation
         self.gran = Growable(gran)
         self.digest = Growable(digest if digest is not None else
                                torch.zeros(gran.shape[0], DIGEST_BYTES, dtype=torch.uint8))
@@ -296,7 +301,8 @@ class SessionStore:
             self.turns.value() if self.turns else None,
             self.turn_ptr.value() if self.turn_ptr else None,
             self.turn_text.value() if self.turn_text else None, docs, ptr, self.lexical,
-            len(self.lexical.vocab) if self.lexical is not None else 0, self.digest.value())
+            len(self.lexical.vocab) if self.lexical is not None else 0, self.digest.value(),
+            self.generation)
 
     # ------------------------------------------------------------------ references
     def track(self, segments) -> None:
@@ -416,7 +422,8 @@ class SessionStore:
         t = self.tables().take(keep)
         t = without_unused_terms(t)
         lex = t.lexical_index() if t.lexical_base is not None else None
-        new = SessionStore(t.gran, t.dense, t.turns, t.turn_ptr, t.turn_text, lex, t.digest)
+        new = SessionStore(t.gran, t.dense, t.turns, t.turn_ptr, t.turn_text, lex, t.digest,
+                           self.generation + 1)
         new._refs = [self._refs[i] for i in keep.tolist()]
         new._by_digest = {d: int(remap[s]) for d, s in self._by_digest.items()
                           if int(remap[s]) >= 0}

@@ -480,6 +480,13 @@ class WriteAheadLog:
                 not written; the file is truncated back to the last acknowledged record.
             WALError: the log is closed, or an earlier fsync failed (reopen it).
         """
+        return self.wait(self.submit(payload))
+
+    def submit(self, payload: Union[bytes, bytearray, memoryview]) -> "_Pending":
+        """Queue one record without waiting: records are written in the order they are
+        submitted (a caller that submits under its own lock gets its order), and
+        :meth:`wait` returns once the record is durable.  Raises what :meth:`append`
+        raises before anything is queued."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload: expected bytes, got {type(payload).__name__}")
         data = bytes(payload)
@@ -491,6 +498,16 @@ class WriteAheadLog:
         with self._cond:
             self._check_usable()
             self._queue.append(req)
+        return req
+
+    def wait(self, req: "_Pending") -> int:
+        """The LSN of a :meth:`submit`-ted record once it is durable (this thread may
+        write and fsync the group itself, or wait for the thread that does).
+
+        Raises:
+            OSError, WALError: as :meth:`append`.
+        """
+        with self._cond:
             while not req.done:
                 if self._busy:
                     self._cond.wait()

@@ -1,6 +1,8 @@
 """The write path of a memory index: what ``add_session`` checks, encodes and links."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -14,7 +16,8 @@ from .graphs import candidates
 from .params import GraphParams
 from .signals import signal_texts
 
-__all__ = ["check_session", "check_date", "session_texts", "append_session", "grow_graph"]
+__all__ = ["check_session", "check_date", "session_texts", "Encoded", "encode_session",
+           "stored_encoding", "append_session", "grow_graph"]
 
 
 def check_session(conversation_id, session, summary, keywords) -> None:
@@ -69,11 +72,19 @@ def session_texts(session: Session, summary, keywords) -> tuple[str, str]:
     return summary, keywords
 
 
-def append_session(store, session: Session, summary: str, keywords: str, enc, dim: int,
-                   digest: bytes) -> int:
-    """Encode and tokenise a new distinct session (its texts from :func:`session_texts`)
-    and append it to ``store``; returns its slot.  Checks the embeddings (width ``dim``,
-    finite) before the store changes."""
+@dataclass(frozen=True)
+class Encoded:
+    """The embeddings of one stored session: ``row`` ``[N_GRAN, d]`` (S, T = mean of
+    the turns, U, K), ``dense`` ``{table: [d]}`` (every dense table the index stores),
+    ``turns`` ``[n_turns, d]``.  What the write-ahead log keeps of an add, so that a
+    replay links exactly what was acknowledged, without the encoder."""
+
+    row: Tensor
+    dense: dict
+    turns: Tensor
+
+
+def _check_registered(store) -> tuple[dict, dict]:
     dense_fn, lexical_fn = signal_texts("dense"), signal_texts("lexical")
     missing = [k for k in store.dense if k not in dense_fn] + \
         [k for k in (store.terms or {}) if k not in CODES and k not in lexical_fn]
@@ -81,6 +92,14 @@ def append_session(store, session: Session, summary: str, keywords: str, enc, di
         raise ValueError(f"this index stores data of the signal table(s) {missing}, whose "
                          "signals are not registered in this process: register them before "
                          "adding sessions")
+    return dense_fn, lexical_fn
+
+
+def encode_session(store, session: Session, summary: str, keywords: str, enc,
+                   dim: int) -> Encoded:
+    """Encode a new distinct session's texts (each distinct text once); checks the
+    embeddings (width ``dim``, finite) before anything changes."""
+    dense_fn, _ = _check_registered(store)
     names = list(store.dense)
     texts = [session.text, *session.turns, summary, keywords,
              *(dense_fn[k](session, summary, keywords) for k in names)]
@@ -94,6 +113,33 @@ def append_session(store, session: Session, summary: str, keywords: str, enc, di
     nt = len(session.turns)
     t = emb[1:1 + nt].mean(0) if nt else torch.zeros(emb.shape[-1])
     row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]])
+    return Encoded(row, {k: emb[3 + nt + i] for i, k in enumerate(names)}, emb[1:1 + nt])
+
+
+def stored_encoding(tables, slot: int) -> Encoded:
+    """The :class:`Encoded` of a session the store holds in ``slot``."""
+    turns = (tables.turns[int(tables.turn_ptr[slot]):int(tables.turn_ptr[slot + 1])]
+             if tables.turns is not None else torch.zeros(0, tables.gran.shape[-1]))
+    return Encoded(tables.gran[slot], {k: v[slot] for k, v in tables.dense.items()}, turns)
+
+
+def append_session(store, session: Session, summary: str, keywords: str,
+                   encoded: Encoded, digest: bytes) -> int:
+    """Tokenise a new distinct session (its texts from :func:`session_texts`, its
+    embeddings from :func:`encode_session` or a log record) and append it to ``store``;
+    returns its slot.
+
+    Raises:
+        ValueError: the embeddings do not fit the store (nothing changed).
+    """
+    _, lexical_fn = _check_registered(store)
+    d = store.gran.buf.shape[-1]
+    nt = len(session.turns)
+    if tuple(encoded.row.shape) != (N_GRAN, d) or set(encoded.dense) != set(store.dense) \
+            or any(tuple(v.shape) != (d,) for v in encoded.dense.values()) \
+            or (store.turns is not None and tuple(encoded.turns.shape) != (nt, d)):
+        raise ValueError(f"session {session.id!r}: embeddings of another shape than this "
+                         "index stores; nothing was added")
     docs = None
     if store.lexical is not None:
         from ..lexical import TermMatrix
@@ -106,8 +152,8 @@ def append_session(store, session: Session, summary: str, keywords: str, enc, di
                 parts[k] = [lexical_fn[k](session, summary, keywords)]
         docs = {g: TermMatrix.from_ids([lex.vocab.encode(lex.tokenizer.tokens(x))
                                         for x in parts[g]]) for g in store.terms}
-    dense = {k: emb[3 + nt + i] for i, k in enumerate(names)}
-    return store.append(row, dense, emb[1:1 + nt], session.turns, docs, digest)
+    return store.append(encoded.row, encoded.dense, encoded.turns, session.turns, docs,
+                        digest)
 
 
 def grow_graph(graph, gran: Tensor, p: GraphParams):
