@@ -64,6 +64,34 @@ def test_missing_native_raises_with_build_hint(monkeypatch):
         _native._resolve.cache_clear()
 
 
+# ---------------------------------------------------------------- the build ------------
+# CMakeLists.txt compiles csrc/cpu/*_cpu.cpp and, with CUDA, csrc/cuda/*_cuda.cu by glob
+# (docs/native.md, "Adding a kernel"); the extension records what it compiled.
+def _convention(folder: str, suffix: str) -> list:
+    return sorted(p.relative_to(ROOT).as_posix()
+                  for p in (ROOT / "csrc" / folder).glob(f"*{suffix}"))
+
+
+def test_kernel_sources_follow_the_naming_convention():
+    """A .cpp / .cu file under csrc/cpu or csrc/cuda that the glob would not pick up."""
+    for folder, ext, suffix in (("cpu", ".cpp", "_cpu.cpp"), ("cuda", ".cu", "_cuda.cu")):
+        odd = [p.name for p in (ROOT / "csrc" / folder).glob(f"*{ext}")
+               if not p.name.endswith(suffix)]
+        assert not odd, f"csrc/{folder}: {odd} are not compiled; name them <op>{suffix}"
+    assert "csrc/cpu/ppr_cpu.cpp" in _convention("cpu", "_cpu.cpp")
+
+
+@native
+def test_every_kernel_source_is_compiled():
+    expected = _convention("cpu", "_cpu.cpp")
+    if _native.C.has_cuda:
+        expected += _convention("cuda", "_cuda.cu")
+    compiled = getattr(_native.C, "kernel_sources", None)  # None: built before it existed
+    assert compiled is not None and sorted(compiled) == sorted(expected), (
+        "memgas_gpu._C was not built from these sources (a stale build? rebuild with "
+        "MEMGAS_BUILD_NATIVE=1 pip install -e .)")
+
+
 # ---------------------------------------------------------------- gmm1d ----------------
 def _same_masks(x, valid=None, device="cpu"):
     a = gmm1d_accept(x, valid, backend="torch")

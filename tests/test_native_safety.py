@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,9 @@ from memgas_gpu.ops import (association_edges, gmm1d_accept, personalized_pagera
 from _synth import conversation, gmm_rows, torch_single_thread  # noqa: F401
 
 REAL_C = _native.C
+# the ops with a CUDA kernel (csrc/cuda/<op>_cuda.cu): each needs a self-check
+CUDA_OPS = sorted(p.name[:-len("_cuda.cu")] for p in
+                  (Path(__file__).resolve().parents[1] / "csrc" / "cuda").glob("*_cuda.cu"))
 native = pytest.mark.skipif(REAL_C is None, reason="memgas_gpu._C is not built")
 
 
@@ -370,14 +374,15 @@ def test_self_check_state_is_per_device_index(monkeypatch):
 
 def test_self_checks_registered_whatever_is_imported_first():
     """backend(detail=True) must not depend on what was imported before it: the package
-    alone, its low-level native module, or the ops."""
+    alone, its low-level native module, or the ops; and every CUDA kernel
+    (csrc/cuda/<op>_cuda.cu) has a self-check."""
     for first in ("import memgas_gpu", "import memgas_gpu._native", "import memgas_gpu.ops"):
         code = (f"{first}\nfrom memgas_gpu import backend\n"
                 "print(sorted(backend('cpu', detail=True)['kernels']))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.split("\n")[0] == "['gmm1d', 'ppr']", (first, out.stdout)
+        assert out.stdout.split("\n")[0] == str(CUDA_OPS), (first, out.stdout)
 
 
 @native
