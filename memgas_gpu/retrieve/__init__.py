@@ -21,7 +21,7 @@ _HOME = {
     "GraphParams": "params", "MemoryIndex": "index", "IndexConflictError": "persist",
     "IndexFormatError": "persist", "IndexLockError": "persist", "Retrieval": "search",
     "SearchResult": "search", "retrieve": "search", "search": "search", "SIGNALS": "signals",
-    "QueryBatch": "signals",
+    "QueryBatch": "signals", "SearchRequest": "search",
 }
 
 __all__ = list(_HOME)

@@ -145,7 +145,8 @@ def _segment(folder: Path, seg) -> dict:
     for k, (ip, ix) in seg.graphs.items():
         x[f"graph.{k}.indptr"], x[f"graph.{k}.indices"] = ip, ix
     entry = _save(folder, "seg", x, {"id": seg.id, "session_ids": seg.meta.session_ids,
-                                    "session_dates": seg.meta.session_dates})
+                                    "session_dates": seg.meta.session_dates,
+                                    "session_metadata": seg.meta.session_metadata})
     entry["id"] = seg.id
     return entry
 

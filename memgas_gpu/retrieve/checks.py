@@ -26,6 +26,7 @@ from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
 from .params import MAX_SETTING, GraphParams
 from .signals import MODULE_NAME, RESERVED_TABLES
+from .writes import check_metadata
 from .store import DIGEST_BYTES
 
 __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
@@ -134,6 +135,17 @@ def check_manifest(where: str, m: Any) -> None:
         if len(ids) != len(dates):
             raise IndexFormatError(f"{where}: field '{f}.session_dates': {len(dates)} dates "
                                    f"for {len(ids)} sessions")
+        md = conv.get("session_metadata")
+        if md is not None:
+            _want(where, conv, "session_metadata", list, f"{f}.session_metadata")
+            if len(md) != len(ids):
+                raise IndexFormatError(f"{where}: field '{f}.session_metadata': {len(md)} "
+                                       f"entries for {len(ids)} sessions")
+            for j, x in enumerate(md):
+                try:
+                    check_metadata(x, f"{f}.session_metadata[{j}]")
+                except (TypeError, ValueError) as e:
+                    raise IndexFormatError(f"{where}: field {e}") from None
         _unique(where, ids, f"{f}.session_ids", "session id")
     _unique(where, [c["id"] for c in convs], "conversations", "conversation id")
     for i, q in enumerate(_want(where, m, "questions", list, "questions")):

@@ -258,7 +258,8 @@ def _assemble(cls, parts):
                                Vocabulary(terms),
                                {g: TermMatrix(*v) for g, v in docs.items()}, ptr, queries)
     metas = [ConversationMeta(meta["id"], list(meta["session_ids"]),
-                              list(meta["session_dates"])) for meta, *_ in parts.segments]
+                              list(meta["session_dates"]), meta.get("session_metadata"))
+             for meta, *_ in parts.segments]
     sizes = torch.tensor([len(x.session_ids) for x in metas], dtype=torch.long)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
     row_slot = (torch.cat([slots for _, slots, _, _ in parts.segments]) if metas

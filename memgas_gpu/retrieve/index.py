@@ -43,15 +43,15 @@ from .cues.dates import session_days
 from .engine import DEFAULT_METHOD, resolve
 from .graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
-from .search import (Retrieval, SearchResult, check_search, question_indices,
+from .search import (Retrieval, SearchRequest, SearchResult, question_indices,
                      rank_queries, rank_questions)
 from .segments import (Segment, State, View, local_graph, split_graph, with_segment,
                        without_segment)
 from .signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
 from .records import add_record, as_tensor_rows, forget_record, remove_record
-from .writes import (Encoded, append_session, check_session, encode_session, grow_graph,
-                     session_texts, stored_encoding)
+from .writes import (Encoded, append_session, check_metadata, check_session,
+                     encode_session, grow_graph, session_texts, stored_encoding)
 from .texts import TextTable
 
 __all__ = ["MemoryIndex", "BuildParams", "GraphParams", "EncoderMismatchError"]
@@ -123,7 +123,8 @@ class MemoryIndex:
         parts = {k: split_graph(ip.cpu(), ix.cpu(), conv_offsets)
                  for k, (ip, ix) in graphs.items()}
         segs = tuple(
-            Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates)),
+            Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates),
+                                     c.session_metadata),
                     row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts},
                     days=segment_days[i] if segment_days is not None else None)
             for i, c in enumerate(conversations))
@@ -358,7 +359,8 @@ class MemoryIndex:
     def search(self, conversation_id, queries: Sequence[str], k: int = 10,
                method: Optional[str] = None, encoder: Any = None, evidence: int = 3,
                device: Optional[str] = None, question_date: Optional[str] = None,
-               **settings) -> list:
+               after: Optional[str] = None, before: Optional[str] = None,
+               metadata: Optional[dict] = None, **settings) -> list:
         """Rank the sessions of a conversation for new query texts.
 
         The search sees the index as it was when it started (writes running meanwhile
@@ -376,30 +378,73 @@ class MemoryIndex:
             device: where to compute.
             question_date: when the queries are asked (any date format; anchors
                 relative time expressions such as "last week" for the time cue).
+            after, before: return only sessions dated on or after / on or before these
+                dates (any format python-dateutil reads; a session without a readable
+                date is left out when either is given).
+            metadata: return only sessions whose metadata holds every one of these
+                key/value pairs.  Filters choose what is returned; the scores are those
+                of the whole conversation.
 
         Returns:
             One :class:`~memgas_gpu.retrieve.SearchResult` per query; empty lists for a
             conversation without sessions, and for a conversation id the memory does
             not hold (nothing was added to it yet, or it was forgotten).
         """
-        convs, queries = check_search(conversation_id, queries, k, evidence, question_date)
+        return self.search_many([SearchRequest(
+            conversation_id, queries, k, method, evidence, question_date, after, before,
+            metadata, settings)], encoder=encoder, device=device)[0]
+
+    def search_many(self, requests: Sequence["SearchRequest"], encoder: Any = None,
+                    device: Optional[str] = None) -> list:
+        """Answer many searches at once (the callers of a server, say): every query of
+        every request encoded in one encoder batch, and the requests that share their
+        method and settings answered by one read-path call over the union of their
+        conversations.  Each request gets what :meth:`search` with its arguments returns
+        (up to float rounding of a batch).
+
+        Args:
+            requests: :class:`~memgas_gpu.retrieve.search.SearchRequest` objects.
+            encoder, device: as :meth:`search`.
+
+        Returns:
+            One list of :class:`~memgas_gpu.retrieve.SearchResult` per request.
+
+        Raises:
+            TypeError, ValueError: a bad argument of a request (nothing is encoded).
+        """
+        reqs = [r.checked() for r in requests]
         require_encoder(encoder)
         resolve_device(device)  # before the queries are encoded
         st = self._state
-        asked = [j for j, c in enumerate(convs) if c in st.ids]
-        view = self._view_at({st.ids[convs[j]] for j in asked}, st)
-        p, _ = resolve(view, method or DEFAULT_METHOD, None, **settings)
-        if not queries:
-            return []
-        out = [SearchResult(c, [], [], []) for c in convs]
-        if asked:
-            texts = [queries[j] for j in asked]
-            q_emb = self.query_encoder(encoder).encode(texts, progress=False).float().cpu()
-            got = rank_queries(view, [convs[j] for j in asked], texts, q_emb, p, k=k,
-                               evidence=evidence, device=device,
-                               question_date=question_date)
-            for j, r in zip(asked, got):
-                out[j] = r
+        groups: dict = {}
+        for i, r in enumerate(reqs):
+            groups.setdefault(r.group(), []).append(i)
+        plan = []
+        for idxs in groups.values():
+            asked = [(i, j) for i in idxs for j, c in enumerate(reqs[i].conversation_id)
+                     if c in st.ids]
+            view = self._view_at({st.ids[reqs[i].conversation_id[j]] for i, j in asked}, st)
+            r0 = reqs[idxs[0]]
+            p, _ = resolve(view, r0.method or DEFAULT_METHOD, None, **r0.settings)
+            plan.append((view, p, asked))
+        out = [[SearchResult(c, [], [], []) for c in r.conversation_id] for r in reqs]
+        texts = [reqs[i].queries[j] for _, _, asked in plan for i, j in asked]
+        if not texts:
+            return out
+        q_emb = self.query_encoder(encoder).encode(texts, progress=False).float().cpu()
+        at = 0
+        for view, p, asked in plan:
+            if not asked:
+                continue
+            got = rank_queries(
+                view, [reqs[i].conversation_id[j] for i, j in asked],
+                [reqs[i].queries[j] for i, j in asked], q_emb[at:at + len(asked)], p,
+                k=[reqs[i].k for i, _ in asked], evidence=[reqs[i].evidence for i, _ in asked],
+                device=device, question_date=[reqs[i].question_date for i, _ in asked],
+                keep=[reqs[i].keep for i, _ in asked])
+            at += len(asked)
+            for (i, j), res in zip(asked, got):
+                out[i][j] = res
         return out
 
     def save(self, path, dtype: torch.dtype = torch.float32, **options):
@@ -553,7 +598,7 @@ class MemoryIndex:
     # ------------------------------------------------------------------ writes
     def add_session(self, conversation_id: str, session: Session, *,
                     summary: Optional[str] = None, keywords: Optional[str] = None,
-                    encoder: Any = None) -> None:
+                    encoder: Any = None, metadata: Optional[dict] = None) -> None:
         """Append ``session`` to a conversation (created when the id is new) and link it.
 
         Only the new session's nodes get edges (to earlier sessions), so every stored
@@ -572,14 +617,19 @@ class MemoryIndex:
                 to reproduce another source exactly).
             encoder: the encoder the index was built with (default: the one used by
                 :meth:`build` in this process); its fingerprint must match.
+            metadata: the session's metadata in this conversation (string keys;
+                strings, numbers, booleans or None), returned by :meth:`get_session`
+                and matched by ``search(..., metadata=...)``.
 
         Raises:
-            TypeError, ValueError: a malformed id, session or text (nothing changed).
+            TypeError, ValueError: a malformed id, session, text or metadata (nothing
+                changed).
         """
         check_session(conversation_id, session, summary, keywords)
+        metadata = check_metadata(metadata)
         require_encoder(encoder)
         self._write(lambda st: self._add(st, conversation_id, session, summary, keywords,
-                                         encoder=encoder))
+                                         encoder=encoder, metadata=metadata))
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
@@ -651,7 +701,7 @@ class MemoryIndex:
 
     def _add(self, st: State, conversation_id: str, session: Session, summary, keywords,
              encoder: Any = None, encoded: Optional[Encoded] = None,
-             replay: bool = False):
+             replay: bool = False, metadata: Optional[dict] = None):
         """``(state, stale, record)`` of adding ``session`` to ``st`` (``encoded``: its
         embeddings from a log record, else encoded here; ``replay``: a session already
         there with the same content is skipped)."""
@@ -691,7 +741,8 @@ class MemoryIndex:
             graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
                                     tables.gran[slots],
                                     GraphParams.from_key(k, self.params)) for k in keys}
-            record = (add_record(conversation_id, session, summary, keywords, encoded)
+            record = (add_record(conversation_id, session, summary, keywords, encoded,
+                                 metadata)
                       if self._durable is not None and not replay else None)
         except BaseException:  # no published state refers to what changed: undo it
             if shared:
@@ -701,7 +752,9 @@ class MemoryIndex:
             raise
         meta = ConversationMeta(conversation_id,
                                 [*(old.meta.session_ids if old else ()), session.id],
-                                [*(old.meta.session_dates if old else ()), session.date])
+                                [*(old.meta.session_dates if old else ()), session.date],
+                                _with_metadata(old.meta if old else None,
+                                               old.n if old else 0, metadata))
         days = torch.cat([old.days if old is not None
                           else torch.zeros(0, dtype=torch.float64),
                           session_days([session.date])])
@@ -728,13 +781,19 @@ class MemoryIndex:
                   for k in old.graphs}
         ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
         del ids[j], dates[j]
+        md = None
+        if old.meta.session_metadata:
+            md = list(old.meta.session_metadata)
+            del md[j]
+            md = md if any(md) else None
         record = (remove_record(conversation_id, session_id)
                   if self._durable is not None and not replay else None)
         store = self._store
         store.track(st.segments)
         store.unref(int(old.slots[j]))
         days = torch.cat([old.days[:j], old.days[j + 1:]])
-        seg = Segment(ConversationMeta(conversation_id, ids, dates), keep, graphs, days=days)
+        seg = Segment(ConversationMeta(conversation_id, ids, dates, md), keep, graphs,
+                      days=days)
         new = with_segment(st, ci, seg, st.tables)
         stale = [old.version]
         if store.wants_compaction():
@@ -773,7 +832,8 @@ class MemoryIndex:
             if record.op == "add":
                 new, stale, _ = self._add(st, record.conversation_id, record.session,
                                           record.summary, record.keywords,
-                                          encoded=as_tensor_rows(record.encoded), replay=True)
+                                          encoded=as_tensor_rows(record.encoded), replay=True,
+                                          metadata=record.metadata)
             elif record.op == "remove":
                 new, stale, _ = self._remove(st, record.conversation_id, record.session_id,
                                              replay=True)
@@ -825,6 +885,37 @@ class MemoryIndex:
         """The write path's settings this index was built with (sources by name)."""
         return BuildParams.from_record((self.config or {}).get("build"))
 
+    def sessions(self, conversation_id: str) -> list:
+        """``[{"id", "date", "metadata"}]`` of a conversation's sessions, in order.
+
+        Raises:
+            KeyError: an unknown conversation id.
+        """
+        meta = self._state.segments[self._state.position(conversation_id)].meta
+        return [{"id": sid, "date": date, "metadata": meta.metadata(j)}
+                for j, (sid, date) in enumerate(zip(meta.session_ids, meta.session_dates))]
+
+    def get_session(self, conversation_id: str, session_id: str) -> dict:
+        """One session as the memory holds it: ``{"id", "date", "metadata", "turns"}``
+        (``turns``: its turn texts, ``[role]: content`` messages paired by newlines, or
+        None when the index keeps no texts).
+
+        Raises:
+            KeyError: an unknown conversation or session id.
+        """
+        st = self._state
+        seg = st.segments[st.position(conversation_id)]
+        if session_id not in seg.meta.session_ids:
+            raise KeyError(f"conversation {conversation_id!r} has no session "
+                           f"{session_id!r}")
+        j = seg.meta.session_ids.index(session_id)
+        t = st.tables
+        slot = int(seg.slots[j])
+        turns = (t.turn_text.strings(range(int(t.turn_ptr[slot]), int(t.turn_ptr[slot + 1])))
+                 if t.turn_text is not None else None)
+        return {"id": session_id, "date": seg.meta.session_dates[j],
+                "metadata": seg.meta.metadata(j), "turns": turns}
+
     def question_conversation_ids(self) -> list:
         """The conversation id of each dataset question."""
         return list(self._q_ids)
@@ -837,6 +928,15 @@ class MemoryIndex:
 
     def conversation_index(self, conversation_id: str) -> int:
         return self._state.position(conversation_id)
+
+
+def _with_metadata(meta: Optional[ConversationMeta], n: int, metadata: Optional[dict]):
+    """The session metadata list after appending a session with ``metadata`` to a
+    conversation of ``n`` sessions (None while no session has any)."""
+    old = meta.session_metadata if meta is not None else None
+    if not metadata and not old:
+        return None
+    return [*(old if old else [{}] * n), dict(metadata or {})]
 
 
 def _encoder_source(encoder) -> Optional[dict]:

@@ -71,7 +71,10 @@ def _manifest(index, view, tensors: dict) -> dict:
         "config": view.config,
         "lexical": lexical.describe() if lexical is not None else None,
         "conversations": [{"id": c.id, "session_ids": c.session_ids,
-                           "session_dates": c.session_dates} for c in view.conversations],
+                           "session_dates": c.session_dates,
+                           **({"session_metadata": c.session_metadata}
+                              if c.session_metadata else {})}
+                          for c in view.conversations],
         "questions": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
                        "answer": q.answer, "evidence_session_ids": list(q.evidence_session_ids),
                        "evidence_turn_ids": list(q.evidence_turn_ids),
@@ -189,7 +192,8 @@ def _make(manifest: dict, t: dict, cls):
     if cls is None:
         from . import MemoryIndex as cls
     graphs = {k: (t[f"graph.{k}.indptr"], t[f"graph.{k}.indices"]) for k in manifest["graphs"]}
-    convs = [ConversationMeta(c["id"], c["session_ids"], c["session_dates"])
+    convs = [ConversationMeta(c["id"], c["session_ids"], c["session_dates"],
+                              c.get("session_metadata"))
              for c in manifest["conversations"]]
     questions = [Question(id=q["id"], text=q["text"], type=q["type"], date=q["date"],
                           answer=q["answer"],

@@ -37,6 +37,7 @@ class Record:
     keywords: Optional[str] = None  # add
     encoded: Optional[Encoded] = None  # add
     session_id: Optional[str] = None  # remove
+    metadata: Optional[dict] = None  # add
 
 
 def _blob(meta: dict, tensors: dict) -> bytes:
@@ -47,14 +48,14 @@ def _blob(meta: dict, tensors: dict) -> bytes:
 
 
 def add_record(conversation_id: str, session: Session, summary: str, keywords: str,
-               encoded: Encoded) -> bytes:
+               encoded: Encoded, metadata: Optional[dict] = None) -> bytes:
     t = {"row": encoded.row.float(), "turns": encoded.turns.float()}
     t.update({f"dense.{k}": v.float() for k, v in encoded.dense.items()})
     return _blob({"op": "add", "conversation": conversation_id,
                   "session": {"id": session.id, "date": session.date,
                               "turns": list(session.turns),
                               "first_lengths": list(session.first_lengths or ())},
-                  "summary": summary, "keywords": keywords}, t)
+                  "summary": summary, "keywords": keywords, "metadata": metadata or {}}, t)
 
 
 def remove_record(conversation_id: str, session_id: str) -> bytes:
@@ -96,7 +97,10 @@ def decode(payload: bytes, where: str) -> Record:
                           tuple(int(x) for x in s.get("first_lengths") or ()))
         dense = {k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")}
         enc = Encoded(tensors["row"], dense, tensors["turns"])
-        return Record(op, conv, session, m["summary"], m["keywords"], enc)
+        md = m.get("metadata") or {}
+        if not isinstance(md, dict):
+            raise ValueError("metadata")
+        return Record(op, conv, session, m["summary"], m["keywords"], enc, metadata=md)
     except (KeyError, TypeError, ValueError, json.JSONDecodeError, RuntimeError) as e:
         raise RecordError(f"{where}: not a memory log record ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:160]})") from None

@@ -19,10 +19,11 @@ from .. import ops
 from .._io import find_surrogate
 from .engine import METHODS, PRESETS, ReadParams, score
 from .signals import QueryBatch
-from .writes import check_date
+from .writes import check_date, check_metadata
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
            "retrieve", "search", "rank_questions", "rank_queries", "check_search",
+           "session_filter", "SearchRequest",
            "question_indices", "best_turns"]
 
 
@@ -186,28 +187,115 @@ def check_search(conversation_id, queries, k, evidence, question_date
     return convs, queries
 
 
+def session_filter(after: Optional[str] = None, before: Optional[str] = None,
+                   metadata: Optional[dict] = None):
+    """``keep(view, c) -> [n] bool`` of the sessions of conversation ``c`` (a position in
+    ``view``) that a search returns, or None for every session; a one-line refusal of a
+    bad date or metadata."""
+    if after is None and before is None and not metadata:
+        return None
+    lo = hi = None
+    for name, value in (("after", after), ("before", before)):
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a date string, got {value!r:.80}")
+            check_date(value, name)
+            if not value.strip():
+                raise ValueError(f"{name} is empty: give a date or None")
+    from .cues.dates import days_since_epoch, parse_date
+
+    if after is not None:
+        lo = days_since_epoch(parse_date(after))
+    if before is not None:
+        hi = days_since_epoch(parse_date(before))
+    want = check_metadata(metadata, "metadata") if metadata else {}
+
+    def keep(view, c: int) -> Tensor:
+        seg = view.segments[c]
+        ok = torch.ones(seg.n, dtype=torch.bool)
+        if lo is not None:
+            ok &= seg.days >= lo  # NaN (no date) compares False
+        if hi is not None:
+            ok &= seg.days <= hi
+        if want:
+            md = seg.meta
+            ok &= torch.tensor([all(k in md.metadata(j) and md.metadata(j)[k] == v
+                                    for k, v in want.items()) for j in range(seg.n)],
+                               dtype=torch.bool)
+        return ok
+
+    return keep
+
+
+@dataclass
+class SearchRequest:
+    """One caller's search (:meth:`MemoryIndex.search_many`): the arguments of
+    :meth:`MemoryIndex.search` (``settings``: ReadParams fields)."""
+
+    conversation_id: Union[str, Sequence[str]]
+    queries: Sequence[str]
+    k: int = 10
+    method: Optional[str] = None
+    evidence: int = 3
+    question_date: Optional[str] = None
+    after: Optional[str] = None
+    before: Optional[str] = None
+    metadata: Optional[dict] = None
+    settings: dict = field(default_factory=dict)
+
+    def checked(self) -> "SearchRequest":
+        """The request with one conversation id per query, its filter, or a one-line
+        refusal naming the bad argument."""
+        convs, queries = check_search(self.conversation_id, self.queries, self.k,
+                                      self.evidence, self.question_date)
+        if not isinstance(self.settings, dict):
+            raise TypeError(f"settings must be a dict of ReadParams fields, got "
+                            f"{type(self.settings).__name__}")
+        out = SearchRequest(convs, queries, self.k, self.method, self.evidence,
+                            self.question_date, self.after, self.before, self.metadata,
+                            dict(self.settings))
+        out.keep = session_filter(self.after, self.before, self.metadata)
+        return out
+
+    def group(self) -> tuple:
+        """What requests answered by one read-path call share: the method and settings."""
+        return (self.method, tuple(sorted((k, repr(v)) for k, v in self.settings.items())))
+
+
 def rank_queries(view, conversation_ids: Sequence[str], queries: Sequence[str],
-                 q_emb: Tensor, p: ReadParams, *, k: int = 10, evidence: int = 3,
-                 device: Optional[str] = None,
-                 question_date: Optional[str] = None) -> list:
+                 q_emb: Tensor, p: ReadParams, *, k=10, evidence=3,
+                 device: Optional[str] = None, question_date=None,
+                 keep=None) -> list:
     """One :class:`SearchResult` per query: the top ``k`` sessions of its conversation
-    (held by ``view``) under the resolved settings ``p``, and their best turns."""
+    (held by ``view``) under the resolved settings ``p``, and their best turns
+    (``keep``: a :func:`session_filter`, the sessions that may be returned).  ``k``,
+    ``evidence``, ``question_date`` and ``keep`` are one value for every query or a list
+    with one per query."""
+    Q = len(queries)
+
+    def each(x):
+        return list(x) if isinstance(x, list) else [x] * Q
+
+    ks, evs, dates, keeps = each(k), each(evidence), each(question_date), each(keep)
     ci = view.positions(conversation_ids)
     lex = view.lexical
     batch = QueryBatch(q_emb, ci, lex.encode_queries(queries) if lex is not None else None,
-                       list(queries), [question_date] * len(queries))
+                       list(queries), dates)
     scores, n = score(view, batch, p, device)
     scores, ranks = scores.cpu(), ops.rank_sessions(scores, n).cpu()
     out = []
     for j, c in enumerate(conversation_ids):
         meta = view.conversations[int(ci[j])]
-        top = ranks[j, :min(k, int(n[j]))]
+        top = ranks[j, :int(n[j])]
         top = top[top >= 0]
+        if keeps[j] is not None:
+            top = top[keeps[j](view, int(ci[j]))[top]]
+        top = top[:ks[j]]
         rows = view.conv_offsets[ci[j]] + top
         out.append(SearchResult(c, [meta.session_ids[int(t)] for t in top],
                                 [float(scores[j, t]) for t in top],
-                                best_turns(view, q_emb[j], rows, evidence)
-                                if evidence > 0 else [[] for _ in top]))
+                                best_turns(view, q_emb[j], rows, evs[j])
+                                if evs[j] > 0 else [[] for _ in top]))
     return out
 
 
