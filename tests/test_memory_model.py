@@ -198,6 +198,47 @@ class MemoryMachine(RuleBasedStateMachine):
 
 # the default run does not shrink a failure (minutes on this model): the unshrunk steps
 # are printed; the long run shrinks
+class DurableMachine(MemoryMachine):
+    """The same walk on a memory opened on a folder, with checkpoints, crashes (the
+    process let go without a checkpoint) and reopenings: after each, the reopened memory
+    must equal the model (everything acknowledged, nothing else)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = self.tmp / "durable"
+        self.mem = MemoryIndex.open(self.folder, encoder=self.enc,
+                                    checkpoint_bytes=1 << 14)
+
+    def teardown(self) -> None:
+        if self.mem._durable is not None:
+            self.mem._durable.abandon()
+        super().teardown()
+
+    @rule()
+    def checkpoint(self):
+        self.mem.checkpoint()
+
+    @rule()
+    def crash_and_reopen(self):
+        self.mem._durable.abandon()
+        self.mem = MemoryIndex.open(self.folder, encoder=self.enc, checkpoint_bytes=1 << 14)
+        self.compacted = False
+
+    @rule()
+    def close_and_reopen(self):
+        self.mem.close()
+        self.mem = MemoryIndex.open(self.folder, encoder=self.enc, checkpoint_bytes=1 << 14)
+        self.compacted = False
+
+    @rule()
+    def save_and_load(self):
+        """A copy saved elsewhere loads as the same memory; the folder's memory goes on."""
+        self.saves += 1
+        path = self.tmp / f"copy{self.saves}"
+        self.mem.save(path)
+        check_contents(MemoryIndex.load(path), self.model, self.oracle, search=False)
+
+
 _QUICK = settings(max_examples=8, stateful_step_count=16, deadline=None, derandomize=True,
                   suppress_health_check=list(HealthCheck), print_blob=True, database=None,
                   phases=[Phase.explicit, Phase.generate])
@@ -213,3 +254,13 @@ def test_memory_equals_its_model():
 @pytest.mark.slow
 def test_memory_equals_its_model_long():
     run_state_machine_as_test(MemoryMachine, settings=_LONG)
+
+
+def test_a_durable_memory_equals_its_model():
+    """The walk with checkpoints, crashes and reopenings (seconds)."""
+    run_state_machine_as_test(DurableMachine, settings=_QUICK)
+
+
+@pytest.mark.slow
+def test_a_durable_memory_equals_its_model_long():
+    run_state_machine_as_test(DurableMachine, settings=_LONG)

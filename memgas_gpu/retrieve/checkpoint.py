@@ -45,6 +45,10 @@ __all__ = ["DURABLE_VERSION", "Written", "write_checkpoint", "read_checkpoint",
 DURABLE_VERSION = 3
 _CKPT = re.compile(r"^ckpt-[0-9a-f]{32}\.json$")
 _DATA = re.compile(r"^(store|seg|base)-[0-9a-f]{32}\.safetensors$")
+#: store chunks a folder keeps before a checkpoint writes them again as one (each
+#: checkpoint with new sessions adds one; merging costs a copy of the store, once per
+#: this many checkpoints)
+MAX_CHUNKS = 64
 #: largest checkpoint manifest read (conversation and question metadata)
 MAX_CHECKPOINT_BYTES = 256 << 20
 
@@ -169,9 +173,10 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
     data.mkdir(exist_ok=True)
     full = written.generation != t.generation or written.name is None
     n_terms = t.n_terms if t.lexical_base is not None else 0
-    chunks = [] if full else list(written.chunks)
-    a = 0 if full else written.n_slots
-    t0 = 0 if full else written.n_terms
+    merge = full or len(written.chunks) >= MAX_CHUNKS
+    chunks = [] if merge else list(written.chunks)
+    a = 0 if merge else written.n_slots
+    t0 = 0 if merge else written.n_terms
     if t.n_slots > a or n_terms > t0 or not chunks:
         chunks.append(_chunk(folder, t, a, t.n_slots, t0, n_terms))
     segments = {}

@@ -151,10 +151,10 @@ class Durable:
 
     def compacted(self) -> None:
         """After a compaction: a checkpoint of every file, and a log emptied of what the
-        removed sessions were (a new log file first, so the old ones are all covered)."""
+        removed sessions were (every log file the checkpoint covers is removed, the
+        current one included: the log starts a new one)."""
         self.check_writable()
         with self._checkpoint_lock:
-            self.wal.rotate()
             self._checkpoint()
 
     # ------------------------------------------------------------------ closing
@@ -172,6 +172,17 @@ class Durable:
                 self.wal.close()
             if self._lock_cm is not None:
                 self._lock_cm.__exit__(None, None, None)
+
+    def abandon(self) -> None:
+        """Let the folder go as a killed process would: no checkpoint, the log and the
+        lock just closed (crash tests in one process; the folder then recovers from
+        what the log holds)."""
+        self._closed = True
+        self._failed = "abandoned"
+        if self.wal is not None:
+            self.wal.close()
+        if self._lock_cm is not None:
+            self._lock_cm.__exit__(None, None, None)
 
     # ------------------------------------------------------------------ readers
     def refresh(self) -> int:

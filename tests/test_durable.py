@@ -1,0 +1,340 @@
+"""A memory opened on a folder: acknowledged writes survive kill -9, a torn log tail is
+dropped with one warning, checkpoints write what changed, forgetting and compacting
+delete the bytes, one writer and many readers, and format-2 folders open.
+
+Oracles: the acknowledged operations applied to a fresh in-RAM memory with the same
+encoder (compared by sessions, embeddings, graphs, BM25 documents and search results),
+the folder's bytes searched for removed texts and embeddings, and file sizes counted
+by hand.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from memgas_gpu import Dataset, Session
+from memgas_gpu.retrieve import MemoryIndex
+from memgas_gpu.retrieve.storage import IndexLockError
+
+pytest.importorskip("Stemmer")
+
+from _memory_model import POOL  # noqa: E402
+
+HERE = Path(__file__).parent
+QUESTIONS = ["What breed is Rex?", "When is the violin recital?", "What did Clara bake?"]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> str:
+    from memgas_gpu.encode.tiny import make_random_bert
+
+    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+
+
+@pytest.fixture(scope="module")
+def enc(bert):
+    from memgas_gpu.encode import Encoder
+
+    return Encoder(bert, device="cpu", max_length=64)
+
+
+def _child_apply():
+    sys.path.insert(0, str(HERE))
+    import _durable_child
+
+    return _durable_child.apply
+
+
+def same_memory(a: MemoryIndex, b: MemoryIndex, enc, what: str = "") -> None:
+    """``a`` holds what ``b`` holds: conversations, sessions, dates, metadata,
+    embeddings, graphs, BM25 documents, and the answers to a few questions."""
+    assert [c.id for c in a.conversations] == [c.id for c in b.conversations], what
+    for ca, cb in zip(a.conversations, b.conversations):
+        assert ca.session_ids == cb.session_ids and ca.session_dates == cb.session_dates, \
+            (what, ca.id)
+        assert a.sessions(ca.id) == b.sessions(cb.id), (what, ca.id)
+        va, vb = a.view([ca.id]), b.view([cb.id])
+        torch.testing.assert_close(va.gran[va.row_slot], vb.gran[vb.row_slot], rtol=0,
+                                   atol=1e-5, msg=f"{what} {ca.id}")
+        ga, gb = va.graph(), vb.graph()
+        assert torch.equal(ga[0], gb[0]) and torch.equal(ga[1], gb[1]), (what, ca.id)
+        for sid in ca.session_ids:
+            assert a.get_session(ca.id, sid) == b.get_session(cb.id, sid)
+        if ca.session_ids:
+            for x, y in zip(a.search(ca.id, QUESTIONS, k=10, encoder=enc),
+                            b.search(cb.id, QUESTIONS, k=10, encoder=enc)):
+                assert x.session_ids == y.session_ids, (what, ca.id)
+                assert x.scores == pytest.approx(y.scores, rel=1e-4, abs=1e-5)
+
+
+def _fresh(enc) -> MemoryIndex:
+    return MemoryIndex.build(Dataset([]), enc, device="cpu", progress=False)
+
+
+# ---------------------------------------------------------------- crash injection
+def _kill_run(folder: Path, bert: str, enc, kills: int, seed: int) -> dict:
+    """Start a writer, kill it (SIGKILL) at random moments, ``kills`` times; after each
+    kill the folder must hold exactly the acknowledged operations (or those and the one
+    in flight, complete)."""
+    apply = _child_apply()
+    rng = random.Random(seed)
+    oracle = _fresh(enc)
+    acked = in_flight = torn = 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    for k in range(kills):
+        child = subprocess.Popen(
+            [sys.executable, str(HERE / "_durable_child.py"), str(folder), bert,
+             str(seed * 1000 + k), str(rng.choice([4096, 1 << 16, 1 << 30]))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines: list = []
+        reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while "ready\n" not in lines:
+            assert child.poll() is None, child.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the writer did not open the memory"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 1.5))  # appends, checkpoints, compactions
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        reader.join(5)
+        ops, pending = [], None
+        for line in lines:
+            if line.startswith("intent "):
+                pending = json.loads(line[7:])
+            elif line.startswith("ack "):
+                ops.append(pending)
+                pending = None
+        for op in ops:
+            apply(oracle, op, enc)
+        acked += len(ops)
+        got = MemoryIndex.load(folder)
+        try:
+            same_memory(got, oracle, enc, f"kill {k}: {len(ops)} acknowledged")
+        except AssertionError:
+            assert pending is not None, f"kill {k}: an acknowledged write is missing"
+            apply(oracle, pending, enc)  # durable, killed before it printed its ack
+            same_memory(got, oracle, enc, f"kill {k}: the write in flight")
+            in_flight += 1
+        if any(p.stat().st_size for p in (folder / "wal").glob("*.log")):
+            torn += 0
+    return {"acked": acked, "in_flight": in_flight}
+
+
+def test_acknowledged_writes_survive_kill_9(tmp_path, bert, enc):
+    """A short run of the crash injection (the long one: -m slow, 200 kills)."""
+    got = _kill_run(tmp_path / "mem", bert, enc, kills=4, seed=1)
+    assert got["acked"] > 0
+
+
+@pytest.mark.slow
+def test_acknowledged_writes_survive_200_kills(tmp_path, bert, enc):
+    got = _kill_run(tmp_path / "mem", bert, enc, kills=200, seed=7)
+    assert got["acked"] > 200
+    print("crash injection:", got)
+
+
+# ---------------------------------------------------------------- the log and checkpoints
+def _add(mem, cid, p, enc, date="2023-06-01", **kw):
+    s = POOL[p]
+    mem.add_session(cid, Session(s.id, date, s.turns), encoder=enc, **kw)
+
+
+def test_close_and_reopen_holds_every_write(tmp_path, enc):
+    oracle = _fresh(enc)
+    with MemoryIndex.open(tmp_path / "m", encoder=enc) as mem:
+        for m in (mem, oracle):
+            _add(m, "A", 0, enc, metadata={"x": 1})
+            _add(m, "A", 3, enc)
+            _add(m, "B", 0, enc, summary="other summary")
+            _add(m, "B", 5, enc)
+            m.remove_session("A", "s1")
+            _add(m, "C", 6, enc)
+            m.forget_conversation("C")
+    back = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    assert back.recovery["replayed"] == 0  # close checkpointed everything
+    same_memory(back, oracle, enc)
+    assert not list((tmp_path / "m" / "wal").glob("0*.log")) or \
+        all(p.stat().st_size <= 24 for p in (tmp_path / "m" / "wal").glob("*.log"))
+    back.close()
+
+
+def test_a_torn_log_tail_is_dropped_with_one_warning(tmp_path, enc, caplog):
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "A", 0, enc)
+    _add(mem, "A", 3, enc)
+    mem._durable.abandon()  # killed: no checkpoint
+    log = max((tmp_path / "m" / "wal").glob("*.log"))
+    whole = log.read_bytes()
+    with open(log, "ab") as f:
+        f.write(whole[-40:-3])  # half a record, as a crash mid-append leaves
+    with caplog.at_level("WARNING"):
+        back = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "dropp" in warnings[0].getMessage()
+    assert back.conversations[0].session_ids == ["s1", "s2"]
+    assert back.recovery["replayed"] == 2
+    back.close()
+
+
+def _bytes_by_file(folder: Path) -> dict:
+    return {p: p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_checkpoint_after_one_write_writes_what_changed(tmp_path, enc):
+    """20 conversations; a checkpoint after one add writes that conversation's segment,
+    one chunk of the new slot and a manifest: at most 2x the segment plus the new rows
+    plus the manifest (the other conversations' files are kept)."""
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    for c in range(20):
+        for p in (0, 3, 5):
+            _add(mem, f"c{c}", p, enc, summary=f"summary {c}")
+    mem.checkpoint()
+    before = _bytes_by_file(tmp_path / "m")
+    _add(mem, "c7", 6, enc, summary="a new one")
+    mem.checkpoint()
+    after = _bytes_by_file(tmp_path / "m")
+    new = {p: n for p, n in after.items() if p not in before and "wal" not in p.parts}
+    kinds = sorted(p.name.split("-")[0] for p in new)
+    assert kinds == ["ckpt", "seg", "store"], kinds
+    seg = next(n for p, n in new.items() if p.name.startswith("seg-"))
+    chunk = next(n for p, n in new.items() if p.name.startswith("store-"))
+    manifest = next(n for p, n in new.items() if p.name.startswith("ckpt-"))
+    others = sum(n for p, n in after.items() if p.name.startswith("seg-")) - seg
+    assert sum(new.values()) <= 2 * seg + chunk + manifest
+    assert others > 10 * seg  # the other 19 conversations' segments: not written again
+    mem.close()
+
+
+def test_forget_and_compact_leave_no_byte_of_the_removed_session(tmp_path, enc):
+    secret = "[Zed]: my locker code is 7361-ALPHA-ORCHID"
+    s = Session("secret", "2023-06-01", (secret,))
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "keep", 0, enc)
+    mem.add_session("gone", s, encoder=enc, summary="zed locker", keywords="locker")
+    row = mem.view(["gone"]).gran[mem.view(["gone"]).row_slot[0]].numpy().tobytes()
+    mem.checkpoint()
+    mem.forget_conversation("gone")
+
+    def holders():
+        return [p for p in (tmp_path / "m").rglob("*") if p.is_file()
+                and (secret.encode() in p.read_bytes() or row[:64] in p.read_bytes())]
+
+    assert holders()  # the log and the checkpoint still hold it: not yet compacted
+    mem.compact()
+    assert holders() == []
+    assert [c.id for c in mem.conversations] == ["keep"]
+    mem.close()
+    assert holders() == []
+    assert [c.id for c in MemoryIndex.load(tmp_path / "m").conversations] == ["keep"]
+
+
+def test_one_writer_and_readers_that_follow(tmp_path, enc):
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    with pytest.raises(IndexLockError, match=rf"held by process {os.getpid()}"):
+        MemoryIndex.open(tmp_path / "m", encoder=enc)
+    reader = MemoryIndex.open(tmp_path / "m", readonly=True)
+    with pytest.raises(PermissionError, match="read-only"):
+        _add(reader, "A", 0, enc)
+    _add(mem, "A", 0, enc)
+    _add(mem, "A", 3, enc)
+    assert reader.refresh() == 2
+    same_memory(reader, mem, enc)
+    mem.checkpoint()  # the log the reader read is gone: it reloads the checkpoint
+    _add(mem, "B", 5, enc)
+    assert reader.refresh() == -1
+    same_memory(reader, mem, enc)
+    mem.close()
+
+
+def test_a_format_2_folder_opens_and_keeps_its_sessions(tmp_path, enc):
+    old = _fresh(enc)
+    _add(old, "A", 0, enc)
+    _add(old, "A", 3, enc)
+    old.save(tmp_path / "v2")
+    mem = MemoryIndex.open(tmp_path / "v2", encoder=enc)
+    same_memory(mem, old, enc)
+    _add(mem, "A", 5, enc)
+    _add(old, "A", 5, enc)
+    mem.close()
+    assert json.loads((tmp_path / "v2" / "manifest.json").read_text())["version"] == 3
+    assert not list((tmp_path / "v2").glob("v-*"))
+    same_memory(MemoryIndex.load(tmp_path / "v2"), old, enc)
+    with pytest.raises(Exception, match="durable memory"):
+        old.save(tmp_path / "v2")
+
+
+def test_replaying_a_record_twice_adds_nothing(tmp_path, enc):
+    """A crash after a checkpoint but before the log was cut: records it covers are
+    skipped by their sequence number, and a record whose session is already there with
+    the same content changes nothing."""
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "A", 0, enc)
+    _add(mem, "A", 3, enc)
+    from memgas_gpu.retrieve.records import decode
+    from memgas_gpu.retrieve.wal import WriteAheadLog
+
+    records = [decode(p, "test") for _, p in WriteAheadLog.read(tmp_path / "m" / "wal")]
+    before = [c.session_ids for c in mem.conversations]
+    for r in records:
+        assert mem._apply(r) is False
+    assert [c.session_ids for c in mem.conversations] == before
+    mem.close()
+
+
+def test_a_write_whose_log_sync_fails_is_neither_acknowledged_nor_seen(tmp_path, enc,
+                                                                       monkeypatch):
+    """The log's fsync fails (a full or failing disk): the write raises, readers never
+    saw it, and the memory refuses writes until it is opened again, when the folder
+    holds exactly what was acknowledged."""
+    from memgas_gpu.retrieve import wal
+
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "A", 0, enc)
+    seen = []
+    real = os.fsync
+
+    def failing(fd):
+        seen.append([c.session_ids for c in mem.conversations])  # what readers see now
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(wal.os, "fsync", failing)
+    with pytest.raises(OSError):
+        _add(mem, "A", 3, enc)
+    monkeypatch.setattr(wal.os, "fsync", real)
+    assert seen and all(x == [["s1"]] for x in seen)  # during the sync: not published
+    assert [c.session_ids for c in mem.conversations] == [["s1"]]
+    with pytest.raises(Exception, match="open the folder again"):
+        _add(mem, "A", 5, enc)
+    mem._durable.abandon()
+    back = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    assert [c.session_ids for c in back.conversations] == [["s1"]]
+    back.close()
+
+
+def test_chunks_are_merged_past_their_bound(tmp_path, enc, monkeypatch):
+    """Each checkpoint with new sessions adds a store chunk; past the bound they are
+    written again as one, and the memory reads back the same."""
+    from memgas_gpu.retrieve import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_CHUNKS", 3)
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    for i, p in enumerate((0, 3, 5, 6)):
+        _add(mem, "A", p, enc)
+        mem.checkpoint()
+        n = len(list((tmp_path / "m" / "data").glob("store-*")))
+        assert n == (i + 2 if i < 2 else i - 1), (i, n)
+    back = MemoryIndex.load(tmp_path / "m")
+    same_memory(back, mem, enc)
+    mem.close()
