@@ -32,7 +32,8 @@ from .timing import Deadline
 
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
-STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
+          "durable")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class SuiteScale:
     online_calls: int = 30
     online_haystacks: tuple = (500, 500, 10000)  # haystacks, sessions each, distinct pool
     online_encoder: str = "tiny"
+    # durable memory: checkpoint cost at these conversation counts; recovery of these logs
+    durable_conversations: tuple = (10, 100, 1000)
+    durable_records: tuple = (100, 1000)
 
 
 SCALES = {
@@ -74,7 +78,8 @@ SCALES = {
                                                           words=15),
                        index_encoder="tiny", index_ref_questions=1, doc_len=30,
                        search_sessions=20, online_conversations=(2, 4, 8), online_sessions=10,
-                       online_calls=4, online_haystacks=(4, 20, 60)),
+                       online_calls=4, online_haystacks=(4, 20, 60),
+                       durable_conversations=(2, 8), durable_records=(5, 20)),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -178,7 +183,8 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io", "search", "online", "gam"), cfg, dev, stages, reference,
+            _headlines(("io", "search", "online", "gam", "durable"), cfg, dev, stages,
+                       reference,
                        deadline, res, tmp, log)
     finally:
         torch.set_num_threads(old_threads)
@@ -270,6 +276,8 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             del enc
         elif stage == "online":
             recs = _online(cfg, dev, tmp, log)
+        elif stage == "durable":
+            recs = _durable(cfg, dev, tmp, log)
         else:
             from ..synth import write_synthetic
 
@@ -283,6 +291,30 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             os.unlink(path)
         _add(res, recs, log, headline=True)
         log(f"  ({time.perf_counter() - t0:.1f} s)")
+
+
+def _durable(cfg: SuiteScale, dev, tmp: str, log) -> list:
+    """The durable memory's points: write latency, checkpoint cost against the
+    conversations held and at the LongMemEval shape, recovery against the log."""
+    from .durable import checkpoint_point, durable_point, recovery_point
+    from .online import haystack_index, online_index
+
+    enc = make_encoder(cfg.online_encoder, dev, tmp)
+    recs = durable_point(enc, cfg.online_conversations[1], cfg.online_sessions,
+                         calls=cfg.online_calls, tmp=tmp, log=log)
+    for c in cfg.durable_conversations:
+        idx, conv = online_index(c, cfg.online_sessions, enc)
+        recs.append(checkpoint_point(idx, enc, conv.sessions[0], tmp,
+                                     {"conversations": c, "sessions": cfg.online_sessions},
+                                     log=log))
+    h, n, pool = cfg.online_haystacks
+    idx, sessions = haystack_index(h, n, pool, enc)
+    recs.append(checkpoint_point(idx, enc, sessions[0], tmp,
+                                 {"haystacks": h, "sessions": n, "pool": pool}, log=log))
+    _, conv = online_index(1, cfg.online_sessions, enc)
+    for r in cfg.durable_records:
+        recs.append(recovery_point(enc, conv, r, tmp, log=log))
+    return recs
 
 
 def _online(cfg: SuiteScale, dev, tmp: str, log) -> list:

@@ -12,7 +12,8 @@ from ._common import FiniteFloat, check_out_dir, check_runtime, info, quiet_opti
 # kept here (not imported) so `memgas --help` does not import torch; a test checks they
 # equal memgas_gpu.bench.suite.SCALES / STAGES
 SCALES = ("tiny", "s", "m")
-STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam")
+STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
+          "durable")
 
 
 @click.command("bench")

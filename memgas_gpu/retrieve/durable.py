@@ -137,9 +137,9 @@ class Durable:
         idx = self.index
         with self._publish_lock:
             state, lsn = idx.state(), self.lsn
+        keys = idx.graph_keys_of(state)
         self.written = write_checkpoint(self.folder, state, lsn, self.written,
-                                        _header(idx), _questions(idx),
-                                        idx.saved_graph_keys(idx.view(state=state)))
+                                        _header(idx, state), _questions(idx, state), keys)
         self.wal.truncate_through(lsn)
         manifest_files = {c["file"] for c in self.written.chunks} | \
             {e["file"] for _, e in self.written.segments.values()} | \
@@ -201,18 +201,20 @@ class Durable:
         return n
 
 
-def _header(idx) -> dict:
+def _header(idx, state) -> dict:
+    """The settings a checkpoint records (nothing here costs more than the memory's
+    settings: no view of the whole memory is made)."""
     from .signals import custom_signal_modules
 
-    lex = idx.view().lexical
+    lex = state.tables.lexical_base
     return {"format": FORMAT_NAME, "params": dataclasses.asdict(idx.params),
-            "tables": sorted(idx.state().tables.dense), "config": idx.config,
+            "tables": sorted(state.tables.dense), "config": idx.config,
             "lexical": lex.describe() if lex is not None else None,
             "signal_modules": {**idx.signal_modules, **custom_signal_modules()}}
 
 
-def _questions(idx) -> dict:
-    lex = idx.view().lexical
+def _questions(idx, state) -> dict:
+    lex = state.tables.lexical_base
     return {"records": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
                          "answer": q.answer,
                          "evidence_session_ids": list(q.evidence_session_ids),

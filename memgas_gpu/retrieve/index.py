@@ -313,6 +313,16 @@ class MemoryIndex:
         (the index's own settings when it holds no conversation)."""
         return view.saved_graph_keys() if view.segments else self._graph_keys
 
+    def graph_keys_of(self, state: State) -> frozenset:
+        """The graph settings every conversation of ``state`` holds (the index's own when
+        it holds none), without packing a view."""
+        if not state.segments:
+            return self._graph_keys
+        keys = set(state.segments[0].graphs)
+        for s in state.segments[1:]:
+            keys &= s.graphs.keys()
+        return frozenset(keys)
+
     def question_view(self, questions=None) -> tuple[View, QueryBatch, Tensor]:
         """The view of the conversations the dataset's questions ``questions`` (indices
         into :attr:`questions`, default all) ask about, their :class:`QueryBatch` laid
@@ -736,8 +746,7 @@ class MemoryIndex:
             slots = torch.cat([old.slots if old is not None
                                else torch.zeros(0, dtype=torch.long),
                                torch.tensor([slot])])
-            keys = (old.graphs.keys() if old is not None else
-                    self.saved_graph_keys(self._view_at(range(len(st.segments)), st)))
+            keys = old.graphs.keys() if old is not None else self.graph_keys_of(st)
             graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
                                     tables.gran[slots],
                                     GraphParams.from_key(k, self.params)) for k in keys}
