@@ -39,7 +39,8 @@ from .store import StoreTables
 from .texts import TextTable
 
 __all__ = ["DURABLE_VERSION", "Written", "write_checkpoint", "read_checkpoint",
-           "CheckpointParts", "checkpoint_files", "remove_unreferenced"]
+           "CheckpointParts", "checkpoint_files", "remove_unreferenced", "remove_replaced",
+           "written_files"]
 
 #: the index folder format of a durable memory
 DURABLE_VERSION = 3
@@ -74,6 +75,8 @@ class Written:
     base: Optional[dict] = None
     lsn: int = 0
     name: Optional[str] = None
+    #: segment file → its manifest entry as JSON text
+    fragments: dict = field(default_factory=dict)
 
     @property
     def n_slots(self) -> int:
@@ -201,9 +204,19 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
                     graphs=sorted(keys), dim=int(t.gran.shape[-1]),
                     questions=questions["records"],
                     question_conversations=questions["conversations"], base=base,
-                    chunks=chunks,
-                    segments=[segments[s.id][1] for s in state.segments])
-    text = json.dumps(manifest, ensure_ascii=False, allow_nan=False).encode()
+                    chunks=chunks)
+    # the segment list is the one part that grows with the conversations: each entry's
+    # JSON is kept from the checkpoint that wrote it (an unchanged conversation costs a
+    # string join, not a dump)
+    frags = []
+    for seg in state.segments:
+        entry = segments[seg.id][1]
+        frag = written.fragments.get(entry["file"])
+        if frag is None:
+            frag = json.dumps(entry, ensure_ascii=False, allow_nan=False)
+        frags.append(frag)
+    head = json.dumps(manifest, ensure_ascii=False, allow_nan=False)
+    text = (head[:-1] + ', "segments": [' + ",".join(frags) + "]}").encode()
     name = f"ckpt-{uuid.uuid4().hex}.json"
     with atomic_write(folder / name, "wb") as f:
         f.write(text)
@@ -213,7 +226,8 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
         json.dump({"format": header["format"], "version": DURABLE_VERSION, "current": name,
                    "manifest_crc32": zlib.crc32(text)}, f, indent=1)
     fsync_dir(folder)
-    return Written(int(t.generation), chunks, segments, base, int(lsn), name)
+    return Written(int(t.generation), chunks, segments, base, int(lsn), name,
+                   {segments[s.id][1]["file"]: f for s, f in zip(state.segments, frags)})
 
 
 def _with_graphs(seg, graphs: dict):
@@ -228,6 +242,31 @@ def checkpoint_files(manifest: dict) -> set:
     if manifest.get("base"):
         out.add(manifest["base"]["file"])
     return out
+
+
+def remove_replaced(folder: Path, old: Written, new: Written) -> int:
+    """Remove the files of checkpoint ``old`` that checkpoint ``new`` (current now) does
+    not name: what a checkpoint replaced, without listing the folder.  Called by the
+    folder's writer only."""
+    keep = _names(new)
+    gone = [f for f in _names(old) if f not in keep]
+    if old.name and old.name != new.name:
+        gone.append(old.name)
+    for f in gone:
+        (folder / f).unlink(missing_ok=True)
+    if gone:
+        fsync_dir(folder / "data")
+    return len(gone)
+
+
+def written_files(w: Written) -> set:
+    """The data files checkpoint ``w`` names."""
+    return _names(w)
+
+
+def _names(w: Written) -> set:
+    return ({c["file"] for c in w.chunks} | {e["file"] for _, e in w.segments.values()}
+            | ({w.base["file"]} if w.base else set()))
 
 
 def remove_unreferenced(folder: Path, keep_checkpoint: str, keep_files: set) -> int:

@@ -23,8 +23,8 @@ from typing import Any, Optional
 import torch
 
 from ..data.model import Question
-from .checkpoint import (Written, checkpoint_files, read_checkpoint, remove_unreferenced,
-                         write_checkpoint)
+from .checkpoint import (Written, read_checkpoint, remove_replaced, remove_unreferenced,
+                         write_checkpoint, written_files)
 from .checks import IndexFormatError
 from .records import decode
 from .storage import (DURABLE_VERSION, FORMAT_NAME, IndexLockError, folder_version,
@@ -67,6 +67,7 @@ class Durable:
         #: covers)
         self.lsn = written.lsn
         self._bytes_at_checkpoint = wal.stats.bytes_written if wal is not None else 0
+        self._swept = False  # whether a checkpoint of this process listed the folder
         self._last_checkpoint = time.monotonic()
 
     # ------------------------------------------------------------------ writing
@@ -138,14 +139,16 @@ class Durable:
         with self._publish_lock:
             state, lsn = idx.state(), self.lsn
         keys = idx.graph_keys_of(state)
-        self.written = write_checkpoint(self.folder, state, lsn, self.written,
+        old = self.written
+        self.written = write_checkpoint(self.folder, state, lsn, old,
                                         _header(idx, state), _questions(idx, state), keys)
         self.wal.truncate_through(lsn)
-        manifest_files = {c["file"] for c in self.written.chunks} | \
-            {e["file"] for _, e in self.written.segments.values()} | \
-            {self.written.base["file"]}
-        remove_unreferenced(self.folder, self.written.name, manifest_files)
-        _remove_format2(self.folder)
+        if self._swept:  # only what this checkpoint replaced (no listing of the folder)
+            remove_replaced(self.folder, old, self.written)
+        else:  # the first checkpoint of this process: whatever a crash left too
+            remove_unreferenced(self.folder, self.written.name, written_files(self.written))
+            _remove_format2(self.folder)
+            self._swept = True
         self._bytes_at_checkpoint = self.wal.stats.bytes_written
         self._last_checkpoint = time.monotonic()
 
