@@ -31,7 +31,8 @@ from torch import Tensor
 
 from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 
-__all__ = ["BM25Params", "GranularityPostings", "lexical_signals", "lexical_postings"]
+__all__ = ["BM25Params", "GranularityPostings", "Rows", "lexical_signals", "lexical_postings",
+           "join_postings"]
 
 
 @dataclass
@@ -85,24 +86,65 @@ def _chunks(index, lex, max_nnz: int) -> list:
     return out
 
 
+@dataclass
+class Rows:
+    """Some conversations of a lexical index: what :func:`lexical_postings` reads (a
+    view of a memory has the same three attributes)."""
+
+    lexical: object
+    conv_offsets: Tensor
+    row_slot: Tensor
+
+
+def join_postings(parts: Sequence[GranularityPostings], conv_offsets: Tensor,
+                  row_slot: Tensor, n_terms: int) -> GranularityPostings:
+    """The postings of consecutive conversations, each of ``parts`` the postings of one
+    of them alone (one group): keys re-grouped, documents renumbered, no BM25 statistic
+    computed again (each conversation is its own corpus)."""
+    dev = parts[0].post.score.device if parts else torch.device("cpu")
+    keys, ptrs, docs, scores, sess, weights = [], [torch.zeros(1, dtype=torch.int64,
+                                                                device=dev)], [], [], [], []
+    n_docs = 0
+    for c, gp in enumerate(parts):
+        post = gp.post
+        keys.append(post.col_key % post.n_terms + c * n_terms)
+        ptrs.append(post.col_ptr[1:] + ptrs[-1][-1])
+        docs.append(post.doc + n_docs)
+        scores.append(post.score)
+        sess.append(gp.doc_session)
+        weights.append(gp.doc_weight)
+        n_docs += int(gp.doc_session.numel())
+    if not parts:
+        e = torch.zeros(0, dtype=torch.int64, device=dev)
+        return GranularityPostings(BM25Postings(e, ptrs[0], e, torch.zeros(0, device=dev),
+                                                n_terms), e, torch.zeros(0, device=dev),
+                                   conv_offsets.clone(), row_slot.clone())
+    return GranularityPostings(
+        BM25Postings(torch.cat(keys), torch.cat(ptrs), torch.cat(docs), torch.cat(scores),
+                     n_terms), torch.cat(sess), torch.cat(weights), conv_offsets.clone(),
+        row_slot.clone())
+
+
 def lexical_postings(index, granularity: str, params: Optional[BM25Params] = None,
                      device=None, max_nnz: int = 1 << 24,
-                     lexical=None) -> GranularityPostings:
+                     lexical=None, cache: bool = True) -> GranularityPostings:
     """The cached :class:`GranularityPostings` of ``index`` (built on first use).
 
     Args:
-        index: a MemoryIndex built with ``lexical=True``.
+        index: the conversations (a view of a memory, or :class:`Rows`) with lexical
+            data.
         granularity: ``"S"``, ``"T"``, ``"U"`` or ``"K"``.
         params: :class:`BM25Params`.
         device: where the postings live (default CPU).
         max_nnz: document terms per conversation chunk while building.
         lexical: the LexicalIndex to use (default ``index.lexical``).
+        cache: keep the postings in ``lexical.score_cache`` (and read them from there).
     """
     lex = lexical if lexical is not None else index.lexical
     p = params or BM25Params()
     dev = torch.device(device or "cpu")
     key = (granularity, float(p.k1), float(p.b), p.method, str(dev))
-    got = lex.score_cache.get(key)
+    got = lex.score_cache.get(key) if cache else None
     if got is not None and got.matches(index):
         return got
     V = lex.n_terms
@@ -141,13 +183,14 @@ def lexical_postings(index, granularity: str, params: Optional[BM25Params] = Non
         doc_session, doc_weight = e, torch.zeros(0, device=dev)
     got = GranularityPostings(post, doc_session, doc_weight, offs.clone(),
                               index.row_slot.clone())
-    lex.score_cache[key] = got
+    if cache:
+        lex.score_cache[key] = got
     return got
 
 
 def lexical_signals(view, queries, query_conversation: Tensor, specs: dict,
                     params: Optional[BM25Params] = None, device: Optional[str] = None,
-                    max_nnz: int = 1 << 24, lexical=None) -> dict:
+                    max_nnz: int = 1 << 24, lexical=None, postings=None) -> dict:
     """BM25 signals ``{name: [Q, N_max] float32}`` (0 where no term matches; padding
     past a conversation's end is 0 too: mask it with the session counts).
 
@@ -165,6 +208,9 @@ def lexical_signals(view, queries, query_conversation: Tensor, specs: dict,
         lexical: a :class:`~memgas_gpu.lexical.LexicalIndex` to use instead of
             ``view.lexical`` (same distinct sessions, e.g. another tokenizer); its own
             postings cache is used.
+        postings: ``postings(granularity, params, device) -> GranularityPostings`` (a
+            view of a memory assembles them from its conversations'); default
+            :func:`lexical_postings`.
     """
     index = view
     lex = lexical if lexical is not None else view.lexical
@@ -196,7 +242,8 @@ def lexical_signals(view, queries, query_conversation: Tensor, specs: dict,
     qm = qmat.to(dev)
     conv_d = conv.to(dev)
     for g in grans:
-        gp = lexical_postings(index, g, p, dev, max_nnz, lexical=lex)
+        gp = (postings(g, p, dev) if postings is not None and lexical is None
+              else lexical_postings(index, g, p, dev, max_nnz, lexical=lex))
         q, doc, val = bm25_gather(gp.post, qm.indptr, qm.indices, qm.tf, conv_d)
         val = val.float()
         flat = gp.doc_session.index_select(0, doc).add_(q * n_max)

@@ -61,6 +61,9 @@ class Segment:
     graphs: dict = field(default_factory=dict)
     version: int = field(default_factory=next_version)
     days: Optional[Tensor] = None
+    #: what reads derive from this conversation alone (its BM25 postings per setting,
+    #: its speakers): the same for the same version, kept for every view of it
+    derived: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.days is None:
@@ -151,6 +154,7 @@ class View:
                  config: dict, canonical: bool = False,
                  graphs: Optional[dict] = None) -> None:
         segs = [state.segments[c] for c in conv]
+        self.canonical = canonical
         self.state = state
         self.segments = segs
         self.conv = torch.as_tensor(list(conv), dtype=torch.long)
@@ -181,6 +185,43 @@ class View:
         if got is None:
             got = self.cache[name] = build()
         return got
+
+    def per_conversation(self, i: int, name, build):
+        """``build()``, kept with the segment of this view's conversation ``i`` (every
+        view of that segment version shares it: a batch over conversations never seen
+        together reuses what each one's earlier reads derived)."""
+        memo = self.segments[i].derived
+        got = memo.get(name)
+        if got is None:
+            got = memo.setdefault(name, build())
+        return got
+
+    def postings(self, granularity: str, params, device):
+        """BM25 postings of one granularity over this view's conversations: each
+        conversation's own (kept with its segment), joined (a concatenation, no
+        statistics computed again)."""
+        from ..lexical.signals import Rows, join_postings, lexical_postings
+
+        lex = self.lexical
+        key = ("postings", granularity, float(params.k1), float(params.b), params.method,
+               str(device))
+
+        def build():
+            if self.canonical:  # renumbered tables and vocabulary: built whole
+                return lexical_postings(self, granularity, params, device)
+            parts = []
+            for i, seg in enumerate(self.segments):
+                one = Rows(lex, torch.tensor([0, seg.n]), seg.slots)
+                # keyed by the vocabulary too: a view of another vocabulary (a canonical
+                # snapshot) numbers its terms otherwise
+                got = self.per_conversation(
+                    i, key + (id(lex.vocab),),
+                    lambda: (lexical_postings(one, granularity, params, device,
+                                              cache=False), lex.vocab))
+                parts.append(got[0])
+            return join_postings(parts, self.conv_offsets, self.row_slot, lex.n_terms)
+
+        return self.derived(key, build)
 
     def session_days(self) -> Tensor:
         """``[n_rows]`` float64 days since 1970-01-01 of each row's session date (NaN:

@@ -420,7 +420,8 @@ def _bm25(ctx: SignalContext, names: Sequence[str]) -> dict:
     p = ctx.params
     return lexical_signals(ctx.view, ctx.batch.q_terms, ctx.batch.q_conv, lexical_specs(names),
                            params=BM25Params(p.k1, p.b, p.bm25_method),
-                           device=str(ctx.device), lexical=ctx.lexical)
+                           device=str(ctx.device), lexical=ctx.lexical,
+                           postings=ctx.view.postings)
 
 
 def concat_text(session, summary: str, keywords: str) -> str:

@@ -177,8 +177,8 @@ def speaker_turn_signal(view, texts: Sequence[str], q_conv: Tensor, q_terms, lay
     from ...lexical import BM25Params, lexical_signals
 
     dev = torch.device(device or "cpu")
-    out = lexical_signals(view, q_terms, q_conv, spec,
-                          params=BM25Params(k1, b, method), device=str(dev))["bm25_Tmax"]
+    out = lexical_signals(view, q_terms, q_conv, spec, params=BM25Params(k1, b, method),
+                          device=str(dev), postings=view.postings)["bm25_Tmax"]
     conv = q_conv.to(torch.long).cpu()
     cand = sorted(set(conv.tolist()))
     if not cand or gamma <= 0:
@@ -212,7 +212,8 @@ def speaker_turn_bm25(ctx, names: Sequence[str]) -> dict:
         return lexical_signals(ctx.view, batch.q_terms, batch.q_conv,
                                ctx.lexical_specs(names),
                                params=BM25Params(p.k1, p.b, p.bm25_method),
-                               device=str(ctx.device), lexical=ctx.lexical)
+                               device=str(ctx.device), lexical=ctx.lexical,
+                               postings=ctx.view.postings)
     return {"bm25_Tmax": speaker_turn_signal(ctx.view, batch.q_text, batch.q_conv,
                                              batch.q_terms, ctx.layout, p.speaker_gamma,
                                              p.k1, p.b, p.bm25_method, str(ctx.device),
@@ -239,20 +240,22 @@ def _speaker_weights(view, pick: Sequence[int], n_speakers: int, gamma: float, k
 
 
 def _speakers(view, conversations: Sequence[int]) -> list:
-    """Speaker names per conversation index (from the ``[name]:`` prefixes of its turns),
-    cached with the view."""
-    got = view.derived("cue_speakers", dict)
+    """Speaker names per conversation of the view (from the ``[name]:`` prefixes of its
+    turns), kept with each conversation's segment."""
+    out: list = [[] for _ in range(view.n_conversations)]
     offs = view.conv_offsets.tolist()
     for ci in conversations:
-        if ci in got:
-            continue
-        names: list = []
-        for r in range(offs[ci], offs[ci + 1]):
-            slot = int(view.row_slot[r])
-            for t in range(int(view.turn_ptr[slot]), int(view.turn_ptr[slot + 1])):
-                for m in _MSG.finditer(view.turn_text[t]):
-                    who = m.group(1).strip()
-                    if who and who not in names:
-                        names.append(who)
-        got[ci] = names
-    return [got.get(c, []) for c in range(view.n_conversations)]
+        def build(ci=ci):
+            names: list = []
+            for r in range(offs[ci], offs[ci + 1]):
+                slot = int(view.row_slot[r])
+                t0, t1 = int(view.turn_ptr[slot]), int(view.turn_ptr[slot + 1])
+                for text in view.turn_text.strings(range(t0, t1)):
+                    for m in _MSG.finditer(text):
+                        who = m.group(1).strip()
+                        if who and who not in names:
+                            names.append(who)
+            return names
+
+        out[ci] = view.per_conversation(ci, "speakers", build)
+    return out
