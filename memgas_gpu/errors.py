@@ -26,7 +26,16 @@ class                       defined in (public home)        raised for
 ``IndexConflictError``      ``retrieve.storage``            a save into a folder another
                             (``memgas_gpu.retrieve``)       writer saved to meanwhile
 ``IndexLockError``          ``retrieve.storage``            a folder lock held past the
-                            (``memgas_gpu.retrieve``)       timeout
+                            (``memgas_gpu.retrieve``)       timeout, or a memory another
+                                                            process has open to write
+``WALError``                ``retrieve.wal``                a write-ahead log closed,
+                                                            failed, or held by another
+                                                            writer
+``WALCorruptionError``      ``retrieve.wal``                damage in a log that is not
+                                                            a torn last record
+``RecordTooLargeError``     ``retrieve.wal``                a log record over the bound
+``RecordError``             ``retrieve.records``            a log record this version
+                                                            does not write
 ``DeviceError``             ``_checks``                     a device this torch build or
                                                             machine does not have
 ``EncoderLoadError``        ``encode.encoder``              a model name or folder that
