@@ -245,6 +245,41 @@ def haystack_point(enc, n_haystacks: int = 500, n_sessions: int = 500, pool: int
     return recs
 
 
+def batch_point(enc, n_haystacks: int = 200, n_sessions: int = 100, pool: int = 2000,
+                batch: int = 64, rounds: int = 5, device: Optional[str] = None,
+                seed: int = 0, log: Callable[[str], None] = print) -> list[Record]:
+    """One batch of ``batch`` single-question requests over as many random haystacks
+    (``search_many``, as a server's micro-batch): over a set of conversations never read
+    together (each read alone before: its derived data warm) and the same batch again
+    (its view cached), alternating, ``rounds`` times."""
+    from ..retrieve.search import SearchRequest
+
+    idx, _ = haystack_index(n_haystacks, n_sessions, pool, enc, seed)
+    rng = random.Random(seed)
+    dev = device or str(enc.device)
+    for h in range(n_haystacks):  # every haystack read alone once
+        idx.search(f"hay-{h}", [_question(h)], k=10, encoder=enc, device=dev)
+    cold, warm = [], []
+    for r in range(rounds + 1):
+        reqs = [SearchRequest(f"hay-{h}", [_question(i)], k=10)
+                for i, h in enumerate(rng.sample(range(n_haystacks), batch))]
+        for out in (cold, warm):
+            t0 = time.perf_counter()
+            idx.search_many(reqs, encoder=enc, device=dev)
+            out.append(time.perf_counter() - t0)
+    cold, warm = cold[1:], warm[1:]
+    size = {"haystacks": n_haystacks, "sessions": n_sessions, "batch": batch,
+            "threads": torch.get_num_threads()}
+    ratio = percentile(cold, 50) / percentile(warm, 50)
+    recs = [_record("batch over new conversations", size, cold,
+                    "a view of conversations never read together: joined from theirs"),
+            _record("batch again (warm)", size, warm, "the same batch: its view cached")]
+    recs[0].extra["vs_warm"] = ratio
+    log(f"  batch of {batch} over new conversations p50 {recs[0].extra['p50_ms']:.1f} ms, "
+        f"warm {recs[1].extra['p50_ms']:.1f} ms: {ratio:.2f}x")
+    return recs
+
+
 def slope(records: Sequence[Record], op: str) -> float:
     """Least-squares slope of log(p50) against log(conversations) for ``op``: 0 when the
     latency does not grow with the index, 1 when it grows in proportion."""

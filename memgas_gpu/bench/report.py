@@ -318,7 +318,16 @@ def online_table(records) -> list[str]:
               f"from {sz['pool']} distinct sessions, one new question per call):", "",
               "| operation | p50 | p99 |", "| --- | --- | --- |"]
         L += [f"| {r.impl} | {r.extra['p50_ms']:.3g} ms | {r.extra['p99_ms']:.3g} ms |"
-              for r in hay]
+              for r in hay if "batch" not in r.size]
+    bat = [r for r in recs if "batch" in r.size]
+    if bat:
+        sz = bat[0].size
+        L += ["", f"A batch of {sz['batch']} one-question searches over as many of "
+              f"{sz['haystacks']} haystacks ({sz['sessions']} sessions each), `search_many`:",
+              "", "| batch | p50 | p99 |", "| --- | --- | --- |"]
+        L += [f"| {r.impl} | {r.extra['p50_ms']:.3g} ms | {r.extra['p99_ms']:.3g} ms |"
+              for r in bat]
+        L += ["", f"New conversations / warm: {bat[0].extra['vs_warm']:.2f}x."]
     return L
 
 

@@ -66,6 +66,7 @@ class SuiteScale:
     online_haystacks: tuple = (500, 500, 10000)  # haystacks, sessions each, distinct pool
     online_encoder: str = "tiny"
     # durable memory: checkpoint cost at these conversation counts; recovery of these logs
+    batch_shape: tuple = (200, 100, 2000, 64)  # haystacks, sessions, pool, batch
     durable_conversations: tuple = (10, 100, 1000)
     durable_records: tuple = (100, 1000)
 
@@ -79,7 +80,8 @@ SCALES = {
                        index_encoder="tiny", index_ref_questions=1, doc_len=30,
                        search_sessions=20, online_conversations=(2, 4, 8), online_sessions=10,
                        online_calls=4, online_haystacks=(4, 20, 60),
-                       durable_conversations=(2, 8), durable_records=(5, 20)),
+                       durable_conversations=(2, 8), durable_records=(5, 20),
+                       batch_shape=(12, 10, 40, 8)),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -328,6 +330,10 @@ def _online(cfg: SuiteScale, dev, tmp: str, log) -> list:
                              device=str(dev), log=log)
     h, n, pool = cfg.online_haystacks
     recs += haystack_point(enc, h, n, pool, calls=cfg.online_calls, device=str(dev), log=log)
+    from .online import batch_point
+
+    bh, bn, bp, bb = cfg.batch_shape
+    recs += batch_point(enc, bh, bn, bp, batch=bb, device=str(dev), log=log)
     return recs
 
 
