@@ -351,7 +351,7 @@ def open_memory(cls, path, *, encoder=None, readonly: bool = False,
             idx = cls.build(Dataset([]), encoder, progress=False)
             written = Written()
         if encoder is not None:
-            idx.query_encoder(encoder)  # checked against the memory's record
+            idx.use_encoder(encoder)  # checked against the memory's record
         wal = WriteAheadLog.open(folder / "wal")
         n, last = _replay(idx, wal.replay(written.lsn))
         d = Durable(idx, folder, wal, lock, written, checkpoint_bytes, checkpoint_seconds,

@@ -596,6 +596,13 @@ class MemoryIndex:
             self._encoder = enc
         return enc
 
+    def use_encoder(self, encoder: Any) -> None:
+        """Make ``encoder`` the memory's encoder of new sessions and queries (checked
+        against the one it records)."""
+        require_encoder(encoder)
+        self._check_encoder(encoder)
+        self._encoder = encoder
+
     def _check_encoder(self, enc) -> None:
         want = self.config.get("encoder_fingerprint")
         got = getattr(enc, "fingerprint", None)
