@@ -44,7 +44,13 @@ class MemoryCalls:
 
     def add_sessions(self, cid: str, items: list) -> list:
         """Add the parsed sessions ``items`` (:func:`.protocol.parse_sessions`) in order;
-        ids already in the conversation are refused before any is added."""
+        every one is checked (and ids already in the conversation refused) before any
+        is added."""
+        from ..retrieve.writes import check_metadata, check_session
+
+        for it in items:
+            check_session(cid, it["session"], it["summary"], it["keywords"])
+            check_metadata(it["metadata"])
         try:
             have = {s["id"] for s in self.memory.sessions(cid)}
         except KeyError:
