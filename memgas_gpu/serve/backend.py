@@ -13,7 +13,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-__all__ = ["LocalBackend", "NotFound", "Conflict", "memory_calls"]
+__all__ = ["LocalBackend", "MemoryCalls", "NotFound", "Conflict", "search_kwargs"]
 
 
 class NotFound(KeyError):
@@ -111,10 +111,6 @@ class MemoryCalls:
             raise NotFound("session") from None
 
 
-def memory_calls(memory) -> MemoryCalls:
-    return MemoryCalls(memory)
-
-
 class LocalBackend:
     """One memory in this process: writes and listings in a thread pool, searches
     through ``batcher`` (its ``asearch``: no thread waits for a batch).
@@ -155,11 +151,11 @@ class LocalBackend:
 
     def check_search(self, args: dict) -> None:
         """Refuse bad search arguments (TypeError / ValueError) before any is queued."""
-        self.batcher.request(**_search_kwargs(args))
+        self.batcher.request(**search_kwargs(args))
 
     async def search(self, args: dict) -> list:
         """``args``: :func:`.protocol.parse_search`'s, ids qualified."""
-        return await self.batcher.asearch(**_search_kwargs(args))
+        return await self.batcher.asearch(**search_kwargs(args))
 
     async def stats(self) -> dict:
         s = self.batcher.stats()
@@ -174,7 +170,9 @@ class LocalBackend:
         self.memory.close()
 
 
-def _search_kwargs(args: dict) -> dict:
+def search_kwargs(args: dict) -> dict:
+    """The keyword arguments of ``MemoryIndex.search`` from
+    :func:`.protocol.parse_search`'s (its ``settings`` merged in)."""
     a = dict(args)
     settings = a.pop("settings", None) or {}
     clash = [k for k in settings if k in a or k in ("encoder", "device")]

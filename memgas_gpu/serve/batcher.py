@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
-__all__ = ["Batcher", "BATCH_BUCKETS"]
+__all__ = ["Batcher", "BATCH_BUCKETS", "check_request"]
 
 #: upper bounds of the batch-size histogram (questions per batch); the last is +inf
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -62,6 +62,31 @@ class _Item:
 
     async def await_(self):
         return await self._future
+
+
+def check_request(conversation_id, queries: Sequence[str], k: int = 10,
+                  method: Optional[str] = None, evidence: int = 3,
+                  question_date: Optional[str] = None, after: Optional[str] = None,
+                  before: Optional[str] = None, metadata: Optional[dict] = None,
+                  **settings):
+    """The checked :class:`~memgas_gpu.retrieve.search.SearchRequest` of the arguments
+    of :meth:`MemoryIndex.search`, or a one-line TypeError / ValueError naming the bad
+    one: what one caller's call is refused for, before it can fail anyone else's batch."""
+    from ..retrieve.engine import resolve
+    from ..retrieve.presets import DEFAULT_METHOD
+    from ..retrieve.search import SearchRequest
+
+    for name in ("encoder", "device"):
+        if name in settings:
+            raise TypeError(f"{name}= is the batcher's (Batcher(..., {name}=)), not a "
+                            "search argument")
+    if method is not None and not isinstance(method, str):
+        raise TypeError(f"method must be a string or None, got {method!r:.80}")
+    req = SearchRequest(conversation_id, queries, k, method, evidence, question_date,
+                        after, before, metadata, dict(settings))
+    checked = req.checked()
+    resolve(None, method or DEFAULT_METHOD, None, **settings)  # SettingsError
+    return checked
 
 
 class Batcher:
@@ -118,25 +143,10 @@ class Batcher:
                 question_date: Optional[str] = None, after: Optional[str] = None,
                 before: Optional[str] = None, metadata: Optional[dict] = None,
                 **settings):
-        """The checked :class:`~memgas_gpu.retrieve.search.SearchRequest` of these
-        arguments (those of :meth:`MemoryIndex.search`), or a one-line TypeError /
-        ValueError naming the bad one: what one caller's call is refused for, before it
-        can fail anyone else's batch."""
-        from ..retrieve.engine import resolve
-        from ..retrieve.presets import DEFAULT_METHOD
-        from ..retrieve.search import SearchRequest
-
-        for name in ("encoder", "device"):
-            if name in settings:
-                raise TypeError(f"{name}= is the batcher's (Batcher(..., {name}=)), not a "
-                                "search argument")
-        req = SearchRequest(conversation_id, queries, k, method, evidence, question_date,
-                            after, before, metadata, dict(settings))
-        if method is not None and not isinstance(method, str):
-            raise TypeError(f"method must be a string or None, got {method!r:.80}")
-        checked = req.checked()
-        resolve(None, method or DEFAULT_METHOD, None, **settings)  # SettingsError
-        return checked
+        """:func:`check_request` of these arguments (those of
+        :meth:`MemoryIndex.search`)."""
+        return check_request(conversation_id, queries, k, method, evidence, question_date,
+                             after, before, metadata, **settings)
 
     def search(self, conversation_id, queries: Sequence[str], k: int = 10,
                method: Optional[str] = None, evidence: int = 3,
