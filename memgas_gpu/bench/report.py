@@ -247,6 +247,11 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
     on = online_table(records)
     if on:
         L += ["", "## Memory service: latency against the conversations held", ""] + on
+    from .serve import serve_rows
+
+    served = serve_rows(records)
+    if served:
+        L += ["", "## Serving many clients (memgas serve): batching on and off", ""] + served
     L += ["", "## Scaling (log-log slope of time vs size)", "",
           "| stage | axis | impl | sizes | times | slope (all) | slope (top 2) | expected | "
           "peak memory (largest) | why |",

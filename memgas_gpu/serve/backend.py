@@ -33,8 +33,9 @@ class MemoryCalls:
     """The memory operations of the API on one memory, as blocking calls (the app runs
     them in a thread pool; a Ray Serve shard calls them directly)."""
 
-    def __init__(self, memory) -> None:
+    def __init__(self, memory, encoder=None) -> None:
         self.memory = memory
+        self.encoder = encoder  # None: the memory's own
 
     def _conversation(self, cid: str):
         try:
@@ -63,7 +64,8 @@ class MemoryCalls:
             s = it["session"]
             try:
                 self.memory.add_session(cid, s, summary=it["summary"],
-                                        keywords=it["keywords"], metadata=it["metadata"])
+                                        keywords=it["keywords"], metadata=it["metadata"],
+                                        encoder=self.encoder)
             except ValueError:
                 if any(x["id"] == s.id for x in self._safe_sessions(cid)):
                     raise Conflict(f"already has a session {s.id!r} (added meanwhile)") \
@@ -120,11 +122,13 @@ class LocalBackend:
             ``memgas serve``).
         batcher: a :class:`~memgas_gpu.serve.Batcher` on it.
         threads: the pool's size (blocking memory calls at once).
+        encoder: the encoder of new sessions (default: the memory's own; the batcher
+            has its own for queries).
     """
 
-    def __init__(self, memory, batcher, threads: int = 8) -> None:
+    def __init__(self, memory, batcher, threads: int = 8, encoder=None) -> None:
         self.memory, self.batcher = memory, batcher
-        self.calls = MemoryCalls(memory)
+        self.calls = MemoryCalls(memory, encoder)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="memgas-io")
 
     async def _run(self, fn, *args):

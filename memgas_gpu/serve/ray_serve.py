@@ -110,8 +110,8 @@ class Shard:
             enc = Encoder(encoder, device=device or "cpu")
         self.memory = MemoryIndex.open(folder, encoder=enc)
         self.memory.query_encoder(enc)
-        self.device = device
-        self.calls = MemoryCalls(self.memory)
+        self.encoder, self.device = enc, device
+        self.calls = MemoryCalls(self.memory, enc)
         self.batching = max_batch_size > 1
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(max_wait_ms / 1e3)
@@ -158,12 +158,14 @@ class Shard:
     async def _answer(self, requests: list) -> list:
         def run():
             try:
-                outs = self.memory.search_many(requests, device=self.device)
+                outs = self.memory.search_many(requests, encoder=self.encoder,
+                                               device=self.device)
             except Exception:  # noqa: BLE001 - each request alone: only its own error
                 outs = []
                 for r in requests:
                     try:
-                        outs.append(self.memory.search_many([r], device=self.device)[0])
+                        outs.append(self.memory.search_many([r], encoder=self.encoder,
+                                                            device=self.device)[0])
                     except Exception as e:  # noqa: BLE001
                         outs.append(e)
             n = sum(len(r.queries) for r in requests)

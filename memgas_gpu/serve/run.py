@@ -119,11 +119,14 @@ def local_backend(opts: ServeOptions):
     memory = MemoryIndex.open(opts.folder, encoder=enc)
     try:
         memory.query_encoder(enc)  # loaded (and checked) now, not at the first search
-        batcher = Batcher(memory, opts.max_batch_size, opts.max_wait_ms, device=opts.device)
+        # the encoder given goes with every call: a memory that records no encoder source
+        # (built with a custom one) keeps none of its own after open
+        batcher = Batcher(memory, opts.max_batch_size, opts.max_wait_ms, encoder=enc,
+                          device=opts.device)
     except BaseException:
         memory.close()
         raise
-    return LocalBackend(memory, batcher)
+    return LocalBackend(memory, batcher, encoder=enc)
 
 
 def serve(opts: ServeOptions, out: Callable[[str], None] = print,
