@@ -10,7 +10,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +154,12 @@ def test_readme_serving_example_runs_against_a_real_server(tmp_path, bert):
             mem.search("user-1", ["Who visits from Lisbon?"], k=3)[0].session_ids)
     assert searched["results"][0]["session_ids"] == ["s1"]  # asked before s2 was added
     assert "s1" in want[0].session_ids
+
+
+def test_importing_the_package_and_the_client_pulls_no_web_stack_and_no_torch():
+    code = ("import sys, memgas_gpu, memgas_gpu.cli.main, memgas_gpu.serve; memgas_gpu.Client; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'starlette', 'uvicorn', 'ray', 'httpx'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr

@@ -51,11 +51,13 @@ def same_answer(got, want, tol: float = 1e-5) -> bool:
 
 
 def _pairs(n_haystacks: int, n: int, seed: int) -> list:
-    from .online import _question
+    """``n`` (conversation, question) pairs: random haystacks, the online stage's
+    question templates and topics."""
+    from .online import QUESTIONS, TOPICS
 
     rng = random.Random(seed)
-    return [(f"hay-{rng.randrange(n_haystacks)}", _question(rng.randrange(32)))
-            for _ in range(n)]
+    return [(f"hay-{rng.randrange(n_haystacks)}",
+             rng.choice(QUESTIONS).format(rng.choice(TOPICS))) for _ in range(n)]
 
 
 def _closed_loop(call: Callable, pairs: Sequence, clients: int, requests: int,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 __all__ = ["LocalBackend", "MemoryCalls", "NotFound", "Conflict", "search_kwargs"]
 
