@@ -9,7 +9,8 @@ The names an agent or a researcher needs, in one import::
 
 This module only re-exports; see the submodules for the implementation.  The names
 that need torch (:class:`MemoryIndex`, :class:`Encoder`, :func:`evaluate`,
-:class:`GamIndex`, :func:`backend`) are imported on first use, so that ``import memgas_gpu`` (and
+:class:`GamIndex`, :func:`backend`) and :class:`Client` (a memory served by
+``memgas serve``) are imported on first use, so that ``import memgas_gpu`` (and
 ``memgas --help``) stays fast.
 """
 __version__ = "0.1.0"
@@ -21,7 +22,8 @@ from .errors import DataFormatError, MemgasError  # noqa: E402
 #: name → submodule, imported on first access (PEP 562); ``backend`` comes with the
 #: kernels' self-checks (memgas_gpu.ops.selfcheck registers them)
 _LAZY = {"MemoryIndex": "retrieve", "Encoder": "encode", "evaluate": "eval",
-         "GamIndex": "gam", "DEFAULT_METHOD": "retrieve", "backend": "ops.selfcheck"}
+         "GamIndex": "gam", "DEFAULT_METHOD": "retrieve", "backend": "ops.selfcheck",
+         "Client": "serve.client"}
 
 __all__ = [
     "__version__",
@@ -38,6 +40,7 @@ __all__ = [
     "DataFormatError",
     "MemgasError",
     "backend",
+    "Client",
 ]
 
 

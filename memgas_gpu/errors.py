@@ -54,6 +54,18 @@ class                       defined in (public home)        raised for
                                                             be opened or is not one
 ``SynthParamError``         ``synth._writer``               an invalid synthetic-data
                             (``memgas_gpu.synth``)          generator parameter
+``KeyFileError``            ``serve.tenants``               an API keys file (or
+                            (``memgas_gpu.serve``)          MEMGAS_API_KEYS) that is not
+                                                            a key → tenant map
+``ServerError``             ``serve.client``                an answer of memgas serve
+                            (``memgas_gpu.serve``)          that is no result (no key, a
+                                                            body too large, a failure)
+``ShardLayoutError``        ``serve.ray_serve``             a folder whose shards do not
+                                                            match ``--replicas``
+``ApiError``                ``serve.protocol``              an error answer of memgas
+                                                            serve (sent as JSON; not a
+                                                            MemgasError, never raised
+                                                            to a caller)
 ==========================  ==============================  ===========================
 """
 from __future__ import annotations

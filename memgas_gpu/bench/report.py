@@ -252,6 +252,11 @@ def write_markdown(path, records, meta: dict, plots: Optional[list] = None) -> P
     du = durable_table(records)
     if du:
         L += ["", "## Durable memory: writes, checkpoints, recovery", ""] + du
+    from .serve import serve_rows
+
+    served = serve_rows(records)
+    if served:
+        L += ["", "## Serving many clients (memgas serve): batching on and off", ""] + served
     L += ["", "## Scaling (log-log slope of time vs size)", "",
           "| stage | axis | impl | sizes | times | slope (all) | slope (top 2) | expected | "
           "peak memory (largest) | why |",

@@ -33,7 +33,7 @@ from .timing import Deadline
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
 STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
-          "durable")
+          "durable", "serve")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,13 @@ class SuiteScale:
     batch_shape: tuple = (200, 100, 2000, 64)  # haystacks, sessions, pool, batch
     durable_conversations: tuple = (10, 100, 1000)
     durable_records: tuple = (100, 1000)
+    # memgas serve: (haystacks, sessions each, distinct pool), concurrent clients over
+    # HTTP, questions per point, in-process threads, distinct (conversation, question)
+    serve_shape: tuple = (100, 50, 1000)
+    serve_clients: tuple = (1, 8, 64)
+    serve_requests: int = 512
+    serve_threads: int = 64
+    serve_distinct: int = 128
 
 
 SCALES = {
@@ -81,7 +88,9 @@ SCALES = {
                        search_sessions=20, online_conversations=(2, 4, 8), online_sessions=10,
                        online_calls=4, online_haystacks=(4, 20, 60),
                        durable_conversations=(2, 8), durable_records=(5, 20),
-                       batch_shape=(12, 10, 40, 8)),
+                       batch_shape=(12, 10, 40, 8),
+                       serve_shape=(6, 10, 40), serve_clients=(1, 4), serve_requests=16,
+                       serve_threads=4, serve_distinct=12),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -94,7 +103,8 @@ SCALES = {
                     encode_texts=20000, text_shape=(10, 180), io_shape=(100, 500),
                     index_shape=dict(questions=10, sessions=500, turns=10, words=180,
                                      pool=10000),
-                    index_encoder="base", index_ref_questions=1, index_full_haystacks=500),
+                    index_encoder="base", index_ref_questions=1, index_full_haystacks=500,
+                    serve_shape=(500, 500, 10000), serve_requests=2048),
 }
 
 
@@ -185,8 +195,8 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io", "search", "online", "gam", "durable"), cfg, dev, stages,
-                       reference,
+            _headlines(("io", "search", "online", "gam", "durable", "serve"), cfg, dev,
+                       stages, reference,
                        deadline, res, tmp, log)
     finally:
         torch.set_num_threads(old_threads)
@@ -280,6 +290,13 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             recs = _online(cfg, dev, tmp, log)
         elif stage == "durable":
             recs = _durable(cfg, dev, tmp, log)
+        elif stage == "serve":
+            from .serve import serve_point
+
+            recs = serve_point(*cfg.serve_shape, clients=cfg.serve_clients,
+                               requests=cfg.serve_requests,
+                               inprocess_threads=cfg.serve_threads,
+                               distinct=cfg.serve_distinct, tmp=tmp, device=str(dev), log=log)
         else:
             from ..synth import write_synthetic
 

@@ -13,7 +13,7 @@ from ._common import FiniteFloat, check_out_dir, check_runtime, info, quiet_opti
 # equal memgas_gpu.bench.suite.SCALES / STAGES
 SCALES = ("tiny", "s", "m")
 STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
-          "durable")
+          "durable", "serve")
 
 
 @click.command("bench")
@@ -62,6 +62,11 @@ def bench(out, scale, device, stages, threads, budget_s, no_reference) -> None:
         click.echo("\n" + "\n".join(bw))
     if dev.startswith("cuda"):
         click.echo("\n".join(goal_table(res.records)))
+    from ..bench.serve import serve_rows
+
+    served = serve_rows(res.records)
+    if served:
+        click.echo("\n" + "\n".join(served))
     click.echo(f"wrote {paths['report']}, {paths['json']} and {len(paths['plots'])} plot(s) "
                f"in {time.perf_counter() - t0:.0f} s")
 

@@ -104,3 +104,6 @@ cli.add_command(sweep)
 from .gam import gam  # noqa: E402
 
 cli.add_command(gam)
+from .serve import serve  # noqa: E402
+
+cli.add_command(serve)

@@ -1,0 +1,84 @@
+"""``memgas serve FOLDER``: an HTTP JSON service over one memory (docs/serving.md)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ._common import FiniteFloat, check_runtime, info, quiet_option
+
+
+@click.command("serve")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Without keys only a local one (127.0.0.1, ::1, "
+                   "localhost) unless --allow-remote-without-keys.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port (0: a free one; the URL line shows it).")
+@click.option("--keys", "keys_file", type=click.Path(dir_okay=False), default=None,
+              help='API keys: a JSON file {"KEY": "tenant", ...} (default: the same JSON '
+                   "in MEMGAS_API_KEYS; neither: no keys, no tenants).")
+@click.option("--max-batch-size", type=click.IntRange(1), default=64, show_default=True,
+              help="Questions per search batch at most (1: no batching).")
+@click.option("--max-wait-ms", type=FiniteFloat(0), default=5.0, show_default=True,
+              help="How long a search waits for others to share its batch.")
+@click.option("--encoder", default=None,
+              help="Encoder (folder or Hugging Face name) of a new memory, or checked "
+                   "against an existing one's [default: the memory's own; the bundled "
+                   "MiniLM for a new one].")
+@click.option("--device", default=None, help="cpu or cuda (default: cpu).")
+@click.option("--allow-remote-without-keys", is_flag=True,
+              help="Listen on a non-local address without keys (anyone who reaches it "
+                   "reads and writes every conversation).")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Shard the conversations over Ray Serve replicas (FOLDER/shard-i each; "
+                   'pip install "memgas_gpu[serve-ray]").')
+@click.option("--replicas", type=click.IntRange(1), default=2, show_default=True,
+              help="With --ray: shards (one replica each). A folder keeps its count.")
+@click.option("--ray-address", default=None,
+              help="With --ray: a running cluster's address (default: a local one).")
+@quiet_option
+def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, device,
+          allow_remote_without_keys, use_ray, replicas, ray_address) -> None:
+    """Serve the memory in FOLDER (created when missing) over HTTP until Ctrl-C or
+    SIGTERM; print its URL on one line when ready (status lines go to stderr). Every write is durable before it is
+    answered; the memory is closed (checkpointed) on the way out."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise click.UsageError(f"memgas serve needs Starlette and uvicorn ({e.name} is "
+                               "missing): pip install \"memgas_gpu[serve]\"") from None
+    from ..serve.run import ServeOptions, is_local
+    from ..serve.run import serve as run
+    from ..serve.tenants import ENV_KEYS, load_keys
+
+    device = check_runtime(device)
+    keys, warning = load_keys(keys_file)
+    if warning:
+        info(f"warning: {warning}")
+    if keys is None and not is_local(host):
+        if not allow_remote_without_keys:
+            raise click.UsageError(
+                f"--host {host}: without keys (--keys FILE or {ENV_KEYS}) memgas serve "
+                "listens only on this machine (127.0.0.1, ::1, localhost); give keys, or "
+                "--allow-remote-without-keys to let anyone who reaches it read and write "
+                "every conversation")
+        info(f"warning: no keys, and listening on {host}: anyone who reaches it reads and "
+             "writes every conversation")
+    elif keys is None:
+        info("memgas serve: no keys: local connections only, no tenants")
+    else:
+        info(f"memgas serve: {len(keys)} key(s), {len(keys.tenants)} tenant(s)")
+    if not use_ray and (replicas != 2 or ray_address):
+        raise click.UsageError("--replicas and --ray-address go with --ray")
+    if use_ray and max_batch_size > 1:
+        info(f"memgas serve: {replicas} Ray Serve replica(s), batches of up to "
+             f"{max_batch_size} questions each")
+
+    def announce(url: str) -> None:
+        click.echo(url)
+        sys.stdout.flush()
+
+    run(ServeOptions(folder, host, port, keys, max_batch_size, max_wait_ms, encoder, device,
+                     use_ray, replicas, ray_address), out=announce, note=info)
