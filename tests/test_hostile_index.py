@@ -525,7 +525,9 @@ def test_tampered_contents_with_recomputed_checksums_are_refused(tmp_path, small
     m = _manifest_of(two)
     m["conversations"][1]["id"] = m["conversations"][0]["id"]
     rewrite_index(two, m)
-    with pytest.raises(IndexFormatError, match="conversation id '0' appears twice"):
+    # named by the manifest's check (the field), before any tensor is read
+    with pytest.raises(IndexFormatError,
+                       match="field 'conversations': conversation id '0' appears twice"):
         load_index(two)
 
 
