@@ -71,6 +71,27 @@ def test_search_many_answers_each_request_as_its_own_search(memory):
                     [[t for t, _, _ in ev] for ev in b.evidence]
 
 
+def test_each_distinct_question_is_encoded_once_and_answered_in_its_place(memory):
+    """Ten requests repeating four question texts: the encoder sees the four once, and
+    each request gets the answer of its own question (oracle: single searches)."""
+    mem, enc = memory
+    reqs = [SearchRequest(f"c{i % 5}", [QUESTIONS[(3 * i) % 4]], k=3) for i in range(10)]
+    seen = []
+    real = type(enc).encode
+
+    def spy(self, texts, **kw):
+        seen.extend([texts] if isinstance(texts, str) else list(texts))
+        return real(self, texts, **kw)
+
+    with mock.patch.object(type(enc), "encode", spy):
+        got = mem.search_many(reqs, encoder=enc, device="cpu")
+    assert sorted(seen) == sorted(set(QUESTIONS))
+    for r, (a,) in zip(reqs, got):
+        (b,) = mem.search(r.conversation_id, r.queries, k=3, encoder=enc, device="cpu")
+        assert a.session_ids == b.session_ids, r
+        assert a.scores == pytest.approx(b.scores, rel=1e-5, abs=1e-6)
+
+
 def test_a_bad_request_is_refused_before_anything_is_encoded(memory):
     mem, enc = memory
     with mock.patch.object(type(enc), "encode", side_effect=AssertionError("encoded")):

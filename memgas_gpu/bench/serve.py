@@ -50,22 +50,44 @@ def same_answer(got, want, tol: float = 1e-5) -> bool:
         and all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(g["scores"], w["scores"]))
 
 
+#: who and when, to make each benchmark question a distinct text (a server's questions
+#: rarely repeat; repeated texts would be encoded once per batch and flatter batching)
+_WHO = ("", " with Anna", " with my brother", " at work", " with the neighbours",
+        " with Sam", " for the kids", " with my mother")
+_WHEN = ("", " in March", " last summer", " this week", " before the holidays",
+         " on Sunday", " after the move", " in the spring")
+
+
 def _pairs(n_haystacks: int, n: int, seed: int) -> list:
-    """``n`` (conversation, question) pairs: random haystacks, the online stage's
-    question templates and topics."""
+    """``n`` (conversation, question) pairs: random haystacks, each question a distinct
+    text (the online stage's templates and topics, with who and when) while there are
+    enough of them."""
     from .online import QUESTIONS, TOPICS
 
     rng = random.Random(seed)
-    return [(f"hay-{rng.randrange(n_haystacks)}",
-             rng.choice(QUESTIONS).format(rng.choice(TOPICS))) for _ in range(n)]
+    texts = [q.format(t + w + h) for q in QUESTIONS for t in TOPICS for w in _WHO
+             for h in _WHEN]
+    rng.shuffle(texts)
+    return [(f"hay-{rng.randrange(n_haystacks)}", texts[i % len(texts)]) for i in range(n)]
+
+
+def _jobs(n_pairs: int, requests: int, seed: int) -> list:
+    """Which pair each request asks: every pair once, in random order, then again, so
+    that requests close in time ask different questions."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < requests:
+        cycle = list(range(n_pairs))
+        rng.shuffle(cycle)
+        out += cycle
+    return out[:requests]
 
 
 def _closed_loop(call: Callable, pairs: Sequence, clients: int, requests: int,
                  seed: int) -> tuple[float, list, list]:
     """``clients`` threads asking ``requests`` questions in all, each the next as soon
     as it has its answer; ``(wall seconds, latencies, [(pair index, answer)])``."""
-    rng = random.Random(seed)
-    jobs = [rng.randrange(len(pairs)) for _ in range(requests)]
+    jobs = _jobs(len(pairs), requests, seed)
     lat, answers, lock = [], [], threading.Lock()
     start = threading.Barrier(clients + 1)
 
@@ -133,31 +155,38 @@ def _stop_server(p) -> None:
 
 def serve_point(n_haystacks: int = 100, n_sessions: int = 50, pool: int = 1000,
                 clients: Sequence[int] = (1, 8, 64), requests: int = 256,
-                inprocess_threads: int = 64, distinct: int = 128, tmp: str = ".",
-                device: str = "cpu", seed: int = 0,
+                inprocess_threads: int = 64, distinct: int = 512, tmp: str = ".",
+                device: str = "cpu", seed: int = 0, encoder: str = "tiny",
                 log: Callable[[str], None] = print) -> list[Record]:
     """The serving records (see the module docstring): ``"in-process batched"`` /
     ``"in-process direct"`` with ``inprocess_threads`` threads, and ``"http batched"`` /
     ``"http direct"`` at each of ``clients``; ``requests`` questions per point, drawn from
-    ``distinct`` (conversation, question) pairs whose direct answers are the oracle."""
+    ``distinct`` (conversation, question) pairs whose direct answers are the oracle.
+    ``encoder``: ``"tiny"`` (a random 2-layer BERT: the read path dominates) or
+    ``"minilm"`` (the bundled all-MiniLM-L6-v2: what a user's server encodes with)."""
     import httpx
 
-    from ..encode import Encoder
+    from ..encode import Encoder, bundled_model_path
     from ..encode.tiny import make_random_bert
     from ..serve import Batcher
     from .online import haystack_index
 
-    path = make_random_bert(os.path.join(tmp, "serve_bert"))
+    if encoder == "minilm":
+        path = bundled_model_path()
+    elif encoder == "tiny":
+        path = make_random_bert(os.path.join(tmp, "serve_bert"))
+    else:
+        raise ValueError(f"unknown encoder {encoder!r} (tiny, minilm)")
     enc = Encoder(path, device=device)
     idx, _ = haystack_index(n_haystacks, n_sessions, pool, enc, seed)
-    idx._encoder = enc
+    idx.use_encoder(enc)
     folder = os.path.join(tmp, "serve_memory")
     idx.save(folder)
     pairs = _pairs(n_haystacks, distinct, seed)
     oracle = [idx.search(c, [q], k=10)[0] for c, q in pairs]
     threads = torch.get_num_threads()
     size = {"haystacks": n_haystacks, "sessions": n_sessions, "pool": pool,
-            "threads": threads}
+            "threads": threads, "encoder": encoder}
     recs = []
 
     # ---------------------------------------------------------------- in process
@@ -209,8 +238,7 @@ async def _http_loop(url: str, pairs: Sequence, clients: int, requests: int, see
     [(pair index, answer)])``."""
     import httpx
 
-    rng = random.Random(seed)
-    jobs = iter([rng.randrange(len(pairs)) for _ in range(requests)])
+    jobs = iter(_jobs(len(pairs), requests, seed))
     lat, answers = [], []
     conns = [httpx.AsyncClient(base_url=url, timeout=600.0) for _ in range(clients)]
 
@@ -256,7 +284,7 @@ def serve_rows(records) -> list[str]:
     sz = recs[0].size
     L = [f"LongMemEval shape ({sz['haystacks']} haystacks x {sz['sessions']} sessions from "
          f"{sz['pool']} distinct), one question per request, {sz['threads']} torch "
-         "thread(s):", "",
+         f"thread(s), encoder {sz.get('encoder', 'tiny')}:", "",
          "| where | clients | batching | QPS | p50 | p99 | mean batch | answers equal |",
          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in recs:

@@ -75,7 +75,8 @@ class SuiteScale:
     serve_clients: tuple = (1, 8, 64)
     serve_requests: int = 512
     serve_threads: int = 64
-    serve_distinct: int = 128
+    serve_distinct: int = 512  # as many as the requests: no question repeats in a point
+    serve_encoder: str = "minilm"  # what a user's server encodes questions with
 
 
 SCALES = {
@@ -90,7 +91,7 @@ SCALES = {
                        durable_conversations=(2, 8), durable_records=(5, 20),
                        batch_shape=(12, 10, 40, 8),
                        serve_shape=(6, 10, 40), serve_clients=(1, 4), serve_requests=16,
-                       serve_threads=4, serve_distinct=12),
+                       serve_threads=4, serve_distinct=12, serve_encoder="tiny"),
     "s": SuiteScale(dim=384, sessions=(50, 100, 200, 500, 1000, 2000), sweep_queries=32,
                     haystacks=(1, 4, 16, 64), haystack_sessions=500, ref_nodes=100,
                     ref_queries=32, latency_calls=100, rounds=3, encoder="minilm",
@@ -104,7 +105,8 @@ SCALES = {
                     index_shape=dict(questions=10, sessions=500, turns=10, words=180,
                                      pool=10000),
                     index_encoder="base", index_ref_questions=1, index_full_haystacks=500,
-                    serve_shape=(500, 500, 10000), serve_requests=2048),
+                    serve_shape=(500, 500, 10000), serve_requests=2048,
+                    serve_distinct=2048),
 }
 
 
@@ -296,7 +298,8 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             recs = serve_point(*cfg.serve_shape, clients=cfg.serve_clients,
                                requests=cfg.serve_requests,
                                inprocess_threads=cfg.serve_threads,
-                               distinct=cfg.serve_distinct, tmp=tmp, device=str(dev), log=log)
+                               distinct=cfg.serve_distinct, encoder=cfg.serve_encoder,
+                               tmp=tmp, device=str(dev), log=log)
         else:
             from ..synth import write_synthetic
 

@@ -441,7 +441,11 @@ class MemoryIndex:
         texts = [reqs[i].queries[j] for _, _, asked in plan for i, j in asked]
         if not texts:
             return out
-        q_emb = self.query_encoder(encoder).encode(texts, progress=False).float().cpu()
+        distinct = list(dict.fromkeys(texts))  # each distinct question encoded once
+        q_emb = self.query_encoder(encoder).encode(distinct, progress=False).float().cpu()
+        if len(distinct) < len(texts):
+            row = {t: i for i, t in enumerate(distinct)}
+            q_emb = q_emb[torch.tensor([row[t] for t in texts])]
         at = 0
         for view, p, asked in plan:
             if not asked:
