@@ -1,5 +1,7 @@
 """Write-ahead log append latency on this machine's disk: one thread (an fsync per
-append) against 8 threads (group commit), next to the cost of an fsync alone.
+append) against 8 threads (group commit), next to the cost of an fsync alone and of the
+embedded store the log could have been: SQLite in WAL mode with ``synchronous=FULL``,
+one transaction per record (a record acknowledged once its transaction commits).
 
     PYTHONPATH=$PWD python benchmarks/wal_bench.py [--dir DIR] [--appends 400] [--bytes 512]
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -71,6 +74,41 @@ def appends(folder: Path, threads: int, n: int, size: int):
     return [x for xs in lat for x in xs], wall, fsyncs, after.appends - before.appends
 
 
+def sqlite_appends(path: Path, threads: int, n: int, size: int):
+    """Per-insert latencies of ``threads`` threads (a connection each) committing ``n``
+    blobs of ``size`` bytes in all, one transaction each, to SQLite in WAL mode with
+    ``synchronous=FULL``."""
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
+    db.commit()
+    db.close()
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    go = threading.Barrier(threads + 1)
+
+    def work(t: int) -> None:
+        con = sqlite3.connect(path, timeout=600, isolation_level=None)
+        con.execute("PRAGMA synchronous=FULL")
+        data = os.urandom(size)
+        go.wait()
+        for _ in range(n // threads):
+            s = time.perf_counter()
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT INTO log (record) VALUES (?)", (data,))
+            con.execute("COMMIT")
+            lat[t].append(time.perf_counter() - s)
+        con.close()
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for th in pool:
+        th.join()
+    return [x for xs in lat for x in xs], time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="where to write (default: the temp folder)")
@@ -89,6 +127,12 @@ def main() -> None:
             rows.append((f"append, {threads} thread{'s' * (threads > 1)}",
                          _pct(lat, .5) * ms, _pct(lat, .99) * ms, n / wall,
                          f"{fsyncs / n:.3f} ({fsyncs} for {n})"))
+        for threads in (1, 8):
+            lat, wall = sqlite_appends(root / f"sqlite{threads}.db", threads, a.appends,
+                                       a.bytes)
+            rows.append((f"SQLite WAL, synchronous=FULL, {threads} thread"
+                         f"{'s' * (threads > 1)}", _pct(lat, .5) * ms, _pct(lat, .99) * ms,
+                         len(lat) / wall, "-"))
         print(f"write-ahead log on {Path(tmp).parent} ({a.appends} appends of {a.bytes} "
               "bytes per row)\n")
         print("| what | p50 ms | p99 ms | appends/s | fsyncs per append |")
