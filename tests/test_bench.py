@@ -213,3 +213,22 @@ def test_cli_bench_subset(tmp_path):
     assert {b["group"] for b in doc["benchmarks"]} == {"graph", "io_save", "io_load"}
     bad = CliRunner().invoke(cli, ["bench", "--stages", "graph,nope", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_cli_bench_durable_stage_reports_what_a_checkpoint_writes(tmp_path):
+    """The durable stage at the tiny scale: every row, and a checkpoint after one add
+    that writes a fraction of the folder (the first one after opening a saved folder
+    reported apart)."""
+    r = CliRunner().invoke(cli, ["bench", "--scale", "tiny", "--device", "cpu", "--stages",
+                                 "durable", "--quiet", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    report = (tmp_path / "report.md").read_text()
+    for op in ("add_session in RAM, 1 writer", "add_session durable, 8 writers",
+               "fsync alone", "checkpoint after one add", "recovery"):
+        assert f"| {op} |" in report, op
+    ckpt = [line for line in report.splitlines() if line.startswith("| checkpoint after")]
+    assert ckpt and all("the first after opening a saved folder" in line for line in ckpt)
+    for line in ckpt:
+        written = int(line.split(" bytes written")[0].split("| ")[-1])
+        folder = int(line.split("folder ")[1].split(")")[0])
+        assert 0 < written < folder, line
