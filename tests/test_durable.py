@@ -170,6 +170,54 @@ def test_close_and_reopen_holds_every_write(tmp_path, enc):
     back.close()
 
 
+def test_concurrent_writers_encode_at_once_and_every_write_lands(tmp_path, bert, enc):
+    """Writers encode their new sessions outside the write lock: four threads meet
+    inside the encoder (a barrier that breaks if encoding is serialized), and the
+    folder then holds what the same writes give one after another."""
+    from memgas_gpu.encode import Encoder
+
+    slow = Encoder(bert, device="cpu", max_length=64)
+    meet, met = threading.Barrier(4, timeout=30), threading.local()
+    inner = slow.encode
+
+    def encode(texts, *a, **k):
+        if getattr(met, "armed", False):
+            met.armed = False
+            meet.wait()  # BrokenBarrierError: the encoders ran one at a time
+        return inner(texts, *a, **k)
+
+    slow.encode = encode
+    new = [Session(f"n{i}", "2023-07-0%d" % (i + 1),
+                   (f"[Ana]: note {i}: the {w} arrives on Friday.",))
+           for i, w in enumerate(["piano", "kayak", "telescope", "bicycle"])]
+    oracle, errors = _fresh(enc), []
+    mem = MemoryIndex.open(tmp_path / "m", encoder=slow)
+    for m in (mem, oracle):
+        for i in range(4):
+            _add(m, f"c{i}", i, enc)
+
+    def write(i):
+        met.armed = True
+        try:
+            mem.add_session(f"c{i}", new[i], encoder=slow)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for i in range(4):
+        oracle.add_session(f"c{i}", new[i], encoder=enc)
+    same_memory(mem, oracle, enc, "in memory")
+    mem.close()
+    back = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    same_memory(back, oracle, enc, "reopened")
+    back.close()
+
+
 def test_a_torn_log_tail_is_dropped_with_one_warning(tmp_path, enc, caplog):
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     _add(mem, "A", 0, enc)

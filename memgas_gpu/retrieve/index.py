@@ -72,7 +72,8 @@ class MemoryIndex:
     **Threads.** One index may be shared by many threads.  Every read (``search``,
     ``retrieve``, :meth:`view`, :meth:`snapshot`) sees the index as it was when the
     read started: a state published by a complete write, never a half-applied one.
-    Writes (``add_session``, ``remove_session``) are serialized by a lock and never wait
+    Writes (``add_session``, ``remove_session``) are serialized by a lock (a new
+    session is encoded before it, so writers encode at the same time) and never wait
     for reads; each costs what its own conversation costs, whatever else the index
     holds.  A read of some conversations costs what those conversations cost; its
     derived data (BM25 postings, cue tables, other graph settings) is cached per
@@ -649,8 +650,30 @@ class MemoryIndex:
         check_session(conversation_id, session, summary, keywords)
         metadata = check_metadata(metadata)
         require_encoder(encoder)
+        summary, keywords = session_texts(session, summary, keywords)
+        fresh = self._encode_if_new(conversation_id, session, summary, keywords, encoder)
         self._write(lambda st: self._add(st, conversation_id, session, summary, keywords,
-                                         encoder=encoder, metadata=metadata))
+                                         encoder=encoder, metadata=metadata, fresh=fresh))
+
+    def _encode_if_new(self, conversation_id: str, session: Session, summary: str,
+                       keywords: str, encoder: Any) -> Optional[Encoded]:
+        """The embeddings of a session the store does not hold yet, encoded outside the
+        write lock (so that concurrent writers encode at once and share their log
+        fsyncs); None when the store holds it (it is shared, not encoded again) or the
+        conversation has the session already (:meth:`_add` refuses it)."""
+        digest = session_digest(session, summary, keywords)
+        with self._write_lock:
+            if self._durable is not None:
+                self._durable.check_writable()
+            st = self._tip
+            ci = st.ids.get(conversation_id)
+            if ci is not None and session.id in st.segments[ci].meta.session_ids:
+                return None
+            self._store.track(st.segments)
+            if self._store.find(digest) is not None:
+                return None
+        return encode_session(self._store, session, summary, keywords,
+                              self.query_encoder(encoder), self.dim)
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
@@ -722,13 +745,15 @@ class MemoryIndex:
 
     def _add(self, st: State, conversation_id: str, session: Session, summary, keywords,
              encoder: Any = None, encoded: Optional[Encoded] = None,
-             replay: bool = False, metadata: Optional[dict] = None):
+             replay: bool = False, metadata: Optional[dict] = None,
+             fresh: Optional[Encoded] = None):
         """``(state, stale, record)`` of adding ``session`` to ``st`` (``encoded``: its
-        embeddings from a log record, else encoded here; ``replay``: a session already
-        there with the same content is skipped)."""
+        embeddings from a log record; ``fresh``: encoded before the lock was taken, used
+        unless the store holds the session by now; else encoded here; ``replay``: a
+        session already there with the same content is skipped)."""
         ci = st.ids.get(conversation_id)
         old = st.segments[ci] if ci is not None else None
-        if encoded is None:
+        if encoded is None and fresh is None:
             enc = self.query_encoder(encoder)
         summary, keywords = session_texts(session, summary, keywords)
         digest = session_digest(session, summary, keywords)
@@ -751,7 +776,8 @@ class MemoryIndex:
                     encoded = stored_encoding(st.tables, slot)
             else:
                 if encoded is None:
-                    encoded = encode_session(store, session, summary, keywords, enc, self.dim)
+                    encoded = fresh if fresh is not None else \
+                        encode_session(store, session, summary, keywords, enc, self.dim)
                 slot = append_session(store, session, summary, keywords, encoded, digest)
             tables = store.tables()
             slots = torch.cat([old.slots if old is not None
