@@ -46,32 +46,42 @@ def fsync_alone(folder: Path, n: int, size: int) -> tuple[list[float], float]:
     return out, time.perf_counter() - t0
 
 
+def run_threads(threads: int, n: int, setup, one) -> tuple[list[float], float]:
+    """``threads`` threads, released together, each calling ``one(ctx)`` ``n // threads``
+    times on its own ``ctx = setup()`` (None: no context); the latency of every call and
+    the wall time from the release to the last thread's end."""
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    go = threading.Barrier(threads + 1)
+
+    def work(t: int) -> None:
+        ctx = setup()
+        go.wait()
+        for _ in range(n // threads):
+            s = time.perf_counter()
+            one(ctx)
+            lat[t].append(time.perf_counter() - s)
+        close = getattr(ctx, "close", None)
+        if close is not None:
+            close()
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for th in pool:
+        th.join()
+    return [x for xs in lat for x in xs], time.perf_counter() - t0
+
+
 def appends(folder: Path, threads: int, n: int, size: int):
     """Per-append latencies of ``threads`` threads appending ``n`` records in all."""
-    lat: list[list[float]] = [[] for _ in range(threads)]
     with WriteAheadLog.open(folder) as w:
         before = w.stats
-        go = threading.Barrier(threads + 1)
-
-        def work(t: int) -> None:
-            data = os.urandom(size)
-            go.wait()
-            for _ in range(n // threads):
-                s = time.perf_counter()
-                w.append(data)
-                lat[t].append(time.perf_counter() - s)
-
-        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for th in pool:
-            th.start()
-        go.wait()
-        t0 = time.perf_counter()
-        for th in pool:
-            th.join()
-        wall = time.perf_counter() - t0
+        lats, wall = run_threads(threads, n, lambda: os.urandom(size), w.append)
         after = w.stats
     fsyncs = after.fsyncs - before.fsyncs
-    return [x for xs in lat for x in xs], wall, fsyncs, after.appends - before.appends
+    return lats, wall, fsyncs, after.appends - before.appends
 
 
 def sqlite_appends(path: Path, threads: int, n: int, size: int):
@@ -83,30 +93,19 @@ def sqlite_appends(path: Path, threads: int, n: int, size: int):
     db.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)")
     db.commit()
     db.close()
-    lat: list[list[float]] = [[] for _ in range(threads)]
-    go = threading.Barrier(threads + 1)
+    data = os.urandom(size)
 
-    def work(t: int) -> None:
+    def connect():
         con = sqlite3.connect(path, timeout=600, isolation_level=None)
         con.execute("PRAGMA synchronous=FULL")
-        data = os.urandom(size)
-        go.wait()
-        for _ in range(n // threads):
-            s = time.perf_counter()
-            con.execute("BEGIN IMMEDIATE")
-            con.execute("INSERT INTO log (record) VALUES (?)", (data,))
-            con.execute("COMMIT")
-            lat[t].append(time.perf_counter() - s)
-        con.close()
+        return con
 
-    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    for th in pool:
-        th.start()
-    go.wait()
-    t0 = time.perf_counter()
-    for th in pool:
-        th.join()
-    return [x for xs in lat for x in xs], time.perf_counter() - t0
+    def insert(con) -> None:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT INTO log (record) VALUES (?)", (data,))
+        con.execute("COMMIT")
+
+    return run_threads(threads, n, connect, insert)
 
 
 def main() -> None:

@@ -232,3 +232,24 @@ def test_cli_bench_durable_stage_reports_what_a_checkpoint_writes(tmp_path):
         written = int(line.split(" bytes written")[0].split("| ")[-1])
         folder = int(line.split("folder ")[1].split(")")[0])
         assert 0 < written < folder, line
+
+
+def test_wal_bench_runs_and_counts_one_fsync_per_lone_append(tmp_path):
+    """benchmarks/wal_bench.py (its numbers are in docs/index-format.md) runs as the docs
+    say; one thread appending alone pays one fsync per record, eight share them."""
+    import os
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "wal_bench.py"),
+                          "--appends", "16", "--bytes", "64", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]]
+            for r in run.stdout.splitlines() if r.startswith("| ") and "---" not in r}
+    assert rows["append, 1 thread"][3] == "1.000 (16 for 16)"
+    shared = rows["append, 8 threads"][3]
+    assert shared.endswith("for 16)") and float(shared.split()[0]) <= 1.0
+    assert {"write + fsync alone", "SQLite WAL, synchronous=FULL, 1 thread",
+            "SQLite WAL, synchronous=FULL, 8 threads"} <= set(rows)
+    assert not list(tmp_path.iterdir())  # its temporary folder is gone
