@@ -209,6 +209,9 @@ def test_concurrent_writers_encode_at_once_and_every_write_lands(tmp_path, bert,
     for t in threads:
         t.join(60)
     assert not errors, errors
+    stats = mem.log_stats  # the log counted the 8 acknowledged records
+    assert stats.appends == 8 and 1 <= stats.fsyncs and stats.bytes_written > 8 * 64
+    assert oracle.log_stats is None
     for i in range(4):
         oracle.add_session(f"c{i}", new[i], encoder=enc)
     same_memory(mem, oracle, enc, "in memory")

@@ -182,15 +182,24 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
     t0 = 0 if merge else written.n_terms
     if t.n_slots > a or n_terms > t0 or not chunks:
         chunks.append(_chunk(folder, t, a, t.n_slots, t0, n_terms))
-    segments = {}
+    # one pass over the conversations: an unchanged one keeps its file and its manifest
+    # entry's JSON (a dict lookup and a string join), a changed one is written
     keys = set(graph_keys)
+    segments, fragments, frags = {}, {}, []
+    old_segments, old_fragments = written.segments, written.fragments
     for seg in state.segments:
-        got = written.segments.get(seg.id)
-        if not full and got is not None and got[0] == seg.version:
-            segments[seg.id] = got
-            continue
-        graphs = {k: v for k, v in seg.graphs.items() if k in keys}
-        segments[seg.id] = (seg.version, _segment(folder, _with_graphs(seg, graphs)))
+        sid = seg.meta.id
+        got = None if full else old_segments.get(sid)
+        if got is not None and got[0] == seg.version:
+            frag = old_fragments.get(got[1]["file"])
+        else:
+            graphs = {k: v for k, v in seg.graphs.items() if k in keys}
+            got, frag = (seg.version, _segment(folder, _with_graphs(seg, graphs))), None
+        if frag is None:
+            frag = json.dumps(got[1], ensure_ascii=False, allow_nan=False)
+        segments[sid] = got
+        fragments[got[1]["file"]] = frag
+        frags.append(frag)
     base = written.base
     if full or base is None:
         qt = {"q_emb": questions["q_emb"]}
@@ -206,15 +215,7 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
                     question_conversations=questions["conversations"], base=base,
                     chunks=chunks)
     # the segment list is the one part that grows with the conversations: each entry's
-    # JSON is kept from the checkpoint that wrote it (an unchanged conversation costs a
-    # string join, not a dump)
-    frags = []
-    for seg in state.segments:
-        entry = segments[seg.id][1]
-        frag = written.fragments.get(entry["file"])
-        if frag is None:
-            frag = json.dumps(entry, ensure_ascii=False, allow_nan=False)
-        frags.append(frag)
+    # JSON is kept from the checkpoint that wrote it (above)
     head = json.dumps(manifest, ensure_ascii=False, allow_nan=False)
     text = (head[:-1] + ', "segments": [' + ",".join(frags) + "]}").encode()
     name = f"ckpt-{uuid.uuid4().hex}.json"
@@ -226,8 +227,7 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
         json.dump({"format": header["format"], "version": DURABLE_VERSION, "current": name,
                    "manifest_crc32": zlib.crc32(text)}, f, indent=1)
     fsync_dir(folder)
-    return Written(int(t.generation), chunks, segments, base, int(lsn), name,
-                   {segments[s.id][1]["file"]: f for s, f in zip(state.segments, frags)})
+    return Written(int(t.generation), chunks, segments, base, int(lsn), name, fragments)
 
 
 def _with_graphs(seg, graphs: dict):

@@ -320,8 +320,9 @@ class MemoryIndex:
         if not state.segments:
             return self._graph_keys
         keys = set(state.segments[0].graphs)
-        for s in state.segments[1:]:
-            keys &= s.graphs.keys()
+        for s in state.segments:
+            if not keys <= s.graphs.keys():  # usually every one holds the same settings
+                keys &= s.graphs.keys()
         return frozenset(keys)
 
     def question_view(self, questions=None) -> tuple[View, QueryBatch, Tensor]:
@@ -537,6 +538,15 @@ class MemoryIndex:
     def folder(self) -> Optional[str]:
         """The folder a memory was opened on (:meth:`open`), else None."""
         return str(self._durable.folder) if self._durable is not None else None
+
+    @property
+    def log_stats(self):
+        """The write-ahead log's counters since the memory was opened (``appends``,
+        ``fsyncs``, ``dir_fsyncs``, ``bytes_written``: a
+        :class:`~memgas_gpu.retrieve.wal.WALStats`; fewer fsyncs than appends means
+        writers shared them), or None for a memory in RAM or opened read-only."""
+        d = self._durable
+        return d.wal.stats if d is not None and d.wal is not None else None
 
     def checkpoint(self) -> None:
         """Write what the memory holds to its folder (the changed conversations and the
