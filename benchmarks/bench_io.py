@@ -18,7 +18,7 @@ from memgas_gpu.bench import io_point
 from memgas_gpu.bench.report import fmt_rate, fmt_seconds
 from memgas_gpu.bench.stages_io import make_index
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.persist import save_index
+from memgas_gpu.storage.persist import save_index
 
 HAYSTACKS = int(os.environ.get("MEMGAS_BENCH_HAYSTACKS", "16"))
 SESSIONS, DIM = 500, 384

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memgas_gpu.retrieve.wal import WriteAheadLog  # noqa: E402
+from memgas_gpu.storage.log import WriteAheadLog  # noqa: E402
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -21,7 +21,7 @@ from .errors import DataFormatError, MemgasError  # noqa: E402
 
 #: name → submodule, imported on first access (PEP 562); ``backend`` comes with the
 #: kernels' self-checks (memgas_gpu.ops.selfcheck registers them)
-_LAZY = {"MemoryIndex": "retrieve", "Encoder": "encode", "evaluate": "eval",
+_LAZY = {"MemoryIndex": "memory", "Encoder": "encode", "evaluate": "eval",
          "GamIndex": "gam", "DEFAULT_METHOD": "retrieve", "backend": "ops.selfcheck",
          "Client": "serve.client"}
 

@@ -82,7 +82,7 @@ def fsync_dir(path: Union[str, os.PathLike], *, strict: bool = False) -> None:
 
     A failure is ignored by default (a platform or file system that cannot sync a
     folder); ``strict=True`` raises it, for a caller that promises durability (the
-    write-ahead log of :mod:`memgas_gpu.retrieve.wal`).
+    write-ahead log of :mod:`memgas_gpu.storage.log`).
     """
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -106,7 +106,7 @@ def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     An existing ``path`` is replaced only after the new one is complete, but by two
     renames (old away, new in): a kill between them leaves no ``path`` (the old one
     survives as ``.NAME.old``) and a concurrent reader may miss it. Index folders use
-    the versioned layout of :mod:`memgas_gpu.retrieve.persist` instead.
+    the versioned layout of :mod:`memgas_gpu.storage.persist` instead.
     """
     import shutil
 

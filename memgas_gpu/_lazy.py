@@ -11,13 +11,15 @@ __all__ = ["lazy_exports"]
 def lazy_exports(package: str, homes: dict):
     """``(__getattr__, __dir__)`` for the package ``package``, where ``homes`` maps each
     exported name to the submodule defining it (relative to the package, dotted for
-    deeper ones); a name is imported once, then kept as a plain attribute."""
+    deeper ones; or a relative module name such as ``..memory.index``); a name is imported once, then kept as a plain attribute."""
 
     def __getattr__(name: str):
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{home}"), name)
+        mod = (importlib.import_module(home, package) if home.startswith(".")
+               else importlib.import_module(f"{package}.{home}"))
+        value = getattr(mod, name)
         vars(sys.modules[package])[name] = value
         return value
 

@@ -156,7 +156,7 @@ def _online_call(rng: random.Random, idx):
 
 
 def run_online(case: dict) -> dict:
-    from memgas_gpu.retrieve.persist import load_index, save_index
+    from memgas_gpu.storage.persist import load_index, save_index
 
     rng = random.Random(case["seed"])
     idx = load_index(case["index"])

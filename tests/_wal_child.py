@@ -48,7 +48,7 @@ def main(folder: str, seed: int, threads: int, max_file_bytes: int, chunked: boo
     pkg = types.ModuleType("memgas_gpu.retrieve")
     pkg.__path__ = [str(Path(memgas_gpu.__file__).parent / "retrieve")]
     sys.modules["memgas_gpu.retrieve"] = pkg
-    from memgas_gpu.retrieve.wal import WriteAheadLog
+    from memgas_gpu.storage.log import WriteAheadLog
 
     wal = WriteAheadLog.open(folder, max_file_bytes=max_file_bytes)
     assert "torch" not in sys.modules

@@ -24,7 +24,7 @@ import torch
 
 from memgas_gpu import Dataset, Session
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.storage import IndexLockError
+from memgas_gpu.storage.folder import IndexLockError
 
 pytest.importorskip("Stemmer")
 
@@ -333,8 +333,8 @@ def test_replaying_a_record_twice_adds_nothing(tmp_path, enc):
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     _add(mem, "A", 0, enc)
     _add(mem, "A", 3, enc)
-    from memgas_gpu.retrieve.records import decode
-    from memgas_gpu.retrieve.wal import WriteAheadLog
+    from memgas_gpu.storage.records import decode
+    from memgas_gpu.storage.log import WriteAheadLog
 
     records = [decode(p, "test") for _, p in WriteAheadLog.read(tmp_path / "m" / "wal")]
     before = [c.session_ids for c in mem.conversations]
@@ -349,7 +349,7 @@ def test_a_write_whose_log_sync_fails_is_neither_acknowledged_nor_seen(tmp_path,
     """The log's fsync fails (a full or failing disk): the write raises, readers never
     saw it, and the memory refuses writes until it is opened again, when the folder
     holds exactly what was acknowledged."""
-    from memgas_gpu.retrieve import wal
+    from memgas_gpu.storage import log as wal
 
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     _add(mem, "A", 0, enc)
@@ -377,7 +377,7 @@ def test_a_write_whose_log_sync_fails_is_neither_acknowledged_nor_seen(tmp_path,
 def test_chunks_are_merged_past_their_bound(tmp_path, enc, monkeypatch):
     """Each checkpoint with new sessions adds a store chunk; past the bound they are
     written again as one, and the memory reads back the same."""
-    from memgas_gpu.retrieve import checkpoint
+    from memgas_gpu.storage import commit as checkpoint
 
     monkeypatch.setattr(checkpoint, "MAX_CHUNKS", 3)
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)

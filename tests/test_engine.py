@@ -23,7 +23,7 @@ def _two_conversations(idx: MemoryIndex) -> MemoryIndex:
     sizes, so padding and the packed PageRank rows are exercised)."""
     n1, n2 = idx.n_rows, 13
     c = idx.conversations[0]
-    from memgas_gpu.retrieve.meta import ConversationMeta
+    from memgas_gpu.memory.meta import ConversationMeta
 
     metas = [c, ConversationMeta("copy", c.session_ids[:n2], c.session_dates[:n2])]
     return MemoryIndex(conversations=metas, questions=idx.questions + idx.questions,

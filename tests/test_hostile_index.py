@@ -18,7 +18,7 @@ from memgas_gpu.bench.data import index_from_nodes
 from safetensors.torch import load_file, save_file
 
 from memgas_gpu.retrieve import MemoryIndex, retrieve
-from memgas_gpu.retrieve.persist import IndexFormatError, load_index, save_index
+from memgas_gpu.storage.persist import IndexFormatError, load_index, save_index
 
 from _hostile import ROOT, build_small_index, one_line_error, run_cli
 from _rss import HWM
@@ -106,7 +106,7 @@ def test_saving_never_replaces_a_folder_that_is_not_an_index(tmp_path, small):
 # ---- item 6: kills and concurrency, with real processes ---------------------------------
 _WRITER = """
 import sys
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage.persist import load_index, save_index
 a = load_index(sys.argv[1])
 b = load_index(sys.argv[2])
 print("ready", flush=True)
@@ -392,7 +392,7 @@ def test_a_huge_or_non_finite_manifest_number_is_one_line(tmp_path, small):
 def test_a_sparse_3_gb_manifest_is_refused_before_it_is_read(tmp_path, small):
     """Item 16: the manifest was read whole (6.4 GB and 40 s for a 3 GB sparse file)."""
     _, path = small
-    code = HWM + ("import sys\nfrom memgas_gpu.retrieve.persist import load_index\n"
+    code = HWM + ("import sys\nfrom memgas_gpu.storage.persist import load_index\n"
                   "base = hwm_bytes()\n"
                   "try:\n    load_index(sys.argv[1])\nexcept Exception as e:\n    print(e)\n"
                   "print(hwm_bytes() - base)\n")

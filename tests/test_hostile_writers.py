@@ -18,7 +18,7 @@ import torch
 
 from memgas_gpu.data.model import Session
 from memgas_gpu.errors import MemgasError
-from memgas_gpu.retrieve.persist import IndexFormatError, load_index, save_index
+from memgas_gpu.storage.persist import IndexFormatError, load_index, save_index
 
 from _hostile import ROOT, build_small_index, version_dir
 
@@ -171,7 +171,7 @@ _ADD_AND_SAVE = """
 import sys
 from memgas_gpu.data.model import Session
 from memgas_gpu.errors import MemgasError
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage.persist import load_index, save_index
 idx = load_index(sys.argv[1])
 idx.add_session("conv-30", Session(id=sys.argv[2], date="2023/06/01 10:00",
                                    turns=["[A]: I bought a violin today."]))
@@ -236,7 +236,7 @@ def test_glob_characters_in_the_name_touch_no_other_folder(tmp_path, small):
 # ---- item 5 and the smaller item: pointer temporaries of killed writers ------------------
 _KILLED_AT_THE_POINTER = """
 import os, signal, sys
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage.persist import load_index, save_index
 idx = load_index(sys.argv[1])
 real = os.replace
 def replace(src, dst, *a, **k):
@@ -271,7 +271,7 @@ def test_a_writer_killed_at_the_pointer_does_not_lock_the_folder_out(tmp_path, s
 _STOPPED_WHILE_SAVING = """
 import os, signal, sys
 import safetensors.torch
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage.persist import load_index, save_index
 idx = load_index(sys.argv[1])
 real = safetensors.torch.save_file
 def save_file(*a, **k):

@@ -16,8 +16,9 @@ import pytest
 
 from memgas_gpu.data.model import Session
 from memgas_gpu.retrieve import IndexConflictError, IndexFormatError, IndexLockError
-from memgas_gpu.retrieve import persist, storage
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage import persist
+from memgas_gpu.storage import folder as storage
+from memgas_gpu.storage.persist import load_index, save_index
 
 from _hostile import ROOT, build_small_index, one_line_error, run_cli, version_dir
 
@@ -229,7 +230,7 @@ def test_a_bad_lock_timeout_is_refused_before_anything(tmp_path, small, value, e
 _INHERITS_THE_LOCK = """
 import os, subprocess, sys
 import safetensors.torch
-from memgas_gpu.retrieve.persist import load_index, save_index
+from memgas_gpu.storage.persist import load_index, save_index
 idx = load_index(sys.argv[1])
 real = safetensors.torch.save_file
 def save_file(*a, **k):

@@ -12,7 +12,7 @@ import torch
 
 from memgas_gpu import Dataset, Session
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.cache import ViewCache
+from memgas_gpu.memory.cache import ViewCache
 
 pytest.importorskip("Stemmer")
 
@@ -86,7 +86,7 @@ def test_an_old_state_reads_old_and_the_current_state_reads_new(oracle):
 def test_a_view_built_while_a_write_publishes_is_not_served_later(oracle):
     """A reader builds the view of conversation A while a writer adds to A: the reader
     gets its (old) view, the next reader gets the new one."""
-    from memgas_gpu.retrieve import segments
+    from memgas_gpu.memory import segments
 
     mem, model = _memory(oracle, [("A", 0, "s"), ("A", 3, "t")])
     s = POOL[6]
@@ -101,7 +101,7 @@ def test_a_view_built_while_a_write_publishes_is_not_served_later(oracle):
                             keywords="kw", encoder=oracle.encoder)
         return v
 
-    with mock.patch("memgas_gpu.retrieve.index.View", side_effect=view_then_write):
+    with mock.patch("memgas_gpu.memory.index.View", side_effect=view_then_write):
         first = mem.view(["A"])
     model.add("A", s, "2023-06-01", "v", "kw")
     assert first.conversations[0].session_ids == ["s1", "s2"]
@@ -119,8 +119,8 @@ def test_a_failed_add_leaves_counts_garbage_and_vocabulary_as_before(oracle, fai
     store = mem._store
     before = (mem.state(), store.refs(), store.garbage, store.n_slots,
               len(store.lexical.vocab))
-    target = ("memgas_gpu.retrieve.index.grow_graph" if fail == "graph" else
-              "memgas_gpu.retrieve.writes.encode_unique")
+    target = ("memgas_gpu.memory.index.grow_graph" if fail == "graph" else
+              "memgas_gpu.memory.writes.encode_unique")
     # a shared session (a reference; not encoded again), a new one (a slot)
     for p in ((0, 7) if fail == "graph" else (7,)):
         s = POOL[p]

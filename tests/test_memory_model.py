@@ -159,7 +159,7 @@ class MemoryMachine(RuleBasedStateMachine):
             return
         store = self.mem._store
         before = (self.mem.state(), store.refs(), store.garbage, store.n_slots)
-        with mock.patch("memgas_gpu.retrieve.index.grow_graph",
+        with mock.patch("memgas_gpu.memory.index.grow_graph",
                         side_effect=RuntimeError("planted graph failure")):
             with pytest.raises(RuntimeError, match="planted"):
                 self.mem.add_session(cid, Session(s.id, DATES[0], s.turns),

@@ -15,7 +15,7 @@ import torch
 
 from memgas_gpu import Conversation, Dataset, Session, load_dataset
 from memgas_gpu.retrieve import MemoryIndex, retrieve
-from memgas_gpu.retrieve.store import Growable
+from memgas_gpu.memory.store import Growable
 
 pytest.importorskip("Stemmer")
 
@@ -298,7 +298,7 @@ def test_failed_writes_change_nothing(three, tiny):
 def test_compaction_keeps_results(three, tiny, monkeypatch):
     """Removing most sessions compacts the store (new buffers, renumbered slots); what
     is left equals a rebuild, and a snapshot taken before still reads the old content."""
-    import memgas_gpu.retrieve.store as store
+    import memgas_gpu.memory.store as store
 
     monkeypatch.setattr(store, "COMPACT_MIN_GARBAGE", 4)
     idx = _build(three, tiny)

@@ -1,4 +1,4 @@
-"""The write-ahead log (memgas_gpu/retrieve/wal.py): framing, torn tails, damage,
+"""The write-ahead log (memgas_gpu/storage/log.py): framing, torn tails, damage,
 group commit, rotation and truncation, failed writes, and writers killed at random
 moments.  The oracle is always the list of payloads written (and, for a killed writer,
 the LSNs it acknowledged)."""
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from _wal_child import parse, payload
 
-from memgas_gpu.retrieve import wal as wal_module
-from memgas_gpu.retrieve.wal import (HEADER_BYTES, MAX_RECORD_BYTES, RECORD_HEADER_BYTES,
+from memgas_gpu.storage import log as wal_module
+from memgas_gpu.storage.log import (HEADER_BYTES, MAX_RECORD_BYTES, RECORD_HEADER_BYTES,
                                      RecordTooLargeError, WALCorruptionError, WALError,
                                      WriteAheadLog)
 

@@ -197,7 +197,7 @@ def index_from_nodes(node_emb: Tensor, sessions_per_conversation, graph=None, pa
         params: the graph's settings (default ``GraphParams()``).
     """
     from ..retrieve import MemoryIndex
-    from ..retrieve.meta import ConversationMeta, GraphParams
+    from ..memory.meta import ConversationMeta, GraphParams
 
     sizes = torch.as_tensor(list(sessions_per_conversation), dtype=torch.long)
     n_rows = int(sizes.sum())

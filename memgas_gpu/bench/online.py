@@ -55,9 +55,9 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
     from ..lexical import LexicalIndex, TermMatrix, build_lexical
     from ..retrieve import MemoryIndex
     from ..retrieve.graphs import build_graph
-    from ..retrieve.meta import ConversationMeta
+    from ..memory.meta import ConversationMeta
     from ..retrieve.params import GraphParams
-    from ..retrieve.texts import TextTable
+    from ..memory.texts import TextTable
 
     ds = _template(n_sessions, seed)
     conv = ds[0]
@@ -110,9 +110,9 @@ def haystack_index(n_haystacks: int, n_sessions: int, pool: int, enc, seed: int 
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
     from ..retrieve.graphs import build_graph
-    from ..retrieve.meta import ConversationMeta
+    from ..memory.meta import ConversationMeta
     from ..retrieve.params import GraphParams
-    from ..retrieve.texts import TextTable
+    from ..memory.texts import TextTable
     from .data import index_from_nodes
 
     ds = _template(pool, seed, turns=4, words=20)

@@ -104,8 +104,8 @@ def encode_point(enc, texts: list[str], *, rounds: int = 1, reference: bool = Tr
 def make_index(n_conv: int, n_sessions: int, dim: int, degree: int = 20, seed: int = 0):
     """A :class:`MemoryIndex` of random tensors (every session distinct) for I/O timing."""
     from ..data.model import Question
-    from ..retrieve.index import MemoryIndex
-    from ..retrieve.meta import ConversationMeta
+    from ..memory.index import MemoryIndex
+    from ..memory.meta import ConversationMeta
     from ..retrieve.params import GraphParams
 
     g = torch.Generator().manual_seed(seed)
@@ -141,7 +141,7 @@ def _touch(tensors) -> None:
 
 
 def _index_tensors(idx) -> list:
-    from ..retrieve.meta import GraphParams
+    from ..memory.meta import GraphParams
 
     v = idx.snapshot()
     return [v.conv_offsets, v.row_slot, v.gran, v.concat, idx.q_emb, idx.q_conv,
@@ -153,7 +153,7 @@ def io_point(n_conv: int, n_sessions: int, dim: int, tmp: str, *, rounds: int = 
              reference: bool = True, log: Log = print) -> list[Record]:
     """Save and load GB/s of an index of ``n_conv`` x ``n_sessions`` sessions."""
     from ..retrieve import MemoryIndex
-    from ..retrieve.persist import save_index
+    from ..storage.persist import save_index
 
     idx = make_index(n_conv, n_sessions, dim)
     size = {"haystacks": n_conv, "sessions": n_sessions, "dim": dim}

@@ -25,7 +25,7 @@ def search_index(n_sessions: int, enc, seed: int = 0):
     from ..expand import expand_dataset
     from ..lexical import build_lexical
     from ..retrieve import MemoryIndex
-    from ..retrieve.meta import ConversationMeta
+    from ..memory.meta import ConversationMeta
     from ..retrieve.params import GraphParams
     from ..synth import write_synthetic
 

@@ -202,7 +202,7 @@ def check_out_dir(path, option: str = "--out", index: bool = False,
     if p.exists() and not p.is_dir():
         raise click.BadParameter(f"{path}: exists and is not a folder", param_hint=option)
     if index:
-        from ..retrieve.storage import check_target
+        from ..storage.folder import check_target
 
         try:
             check_target(p)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..data.model import Dataset
 from ..data.speakers import speaker_of
-from ..retrieve.embed import encode_unique
+from ..memory.embed import encode_unique
 
 __all__ = ["EventTable", "build_events", "has_time_anchor", "count_tokens", "epg_links",
            "check_event_inputs"]

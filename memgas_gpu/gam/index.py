@@ -23,7 +23,7 @@ from ..lexical.tokenize import Tokenizer, Vocabulary
 from ..ops.bm25 import BM25Postings, bm25_gather, bm25_postings
 from ..ops.query_layout import Layout, query_layout
 from ..ops.rank import rank_sessions
-from ..retrieve.embed import encode_unique
+from ..memory.embed import encode_unique
 from ..retrieve.search import Ranked
 from . import retrieve as R
 from .boundary import add_boundary_noise, segment

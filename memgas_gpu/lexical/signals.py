@@ -17,7 +17,7 @@ lists of every (conversation, term) with their ``idf · tfc`` weights under that
 conversation's statistics, as ``bm25s`` stores per index. Scoring all questions is then
 one key lookup, one gather of the touched postings and one scatter per signal
 (:func:`memgas_gpu.ops.bm25.bm25_gather`). A memory index gives every view of its
-conversations its own lexical index (:mod:`memgas_gpu.retrieve.segments`), so the
+conversations its own lexical index (:mod:`memgas_gpu.memory.segments`), so the
 postings of one conversation are built once per version of it; the cache also
 rebuilds itself when the layout it was built for changed.
 """
@@ -195,7 +195,7 @@ def lexical_signals(view, queries, query_conversation: Tensor, specs: dict,
     past a conversation's end is 0 too: mask it with the session counts).
 
     Args:
-        view: the conversations (a :class:`~memgas_gpu.retrieve.segments.View` built
+        view: the conversations (a :class:`~memgas_gpu.memory.segments.View` built
             with lexical data).
         queries: a :class:`~memgas_gpu.lexical.terms.TermMatrix`, one row per query.
         query_conversation: ``[Q]`` position in ``view`` of each query's conversation.

@@ -61,7 +61,7 @@ class LexicalIndex:
     """Tokenised documents of the distinct sessions of a memory index, and its questions.
 
     A memory index shares one tokenizer, vocabulary and question-term matrix between
-    the lexical indexes of its views (:mod:`memgas_gpu.retrieve.segments`); each view
+    the lexical indexes of its views (:mod:`memgas_gpu.memory.segments`); each view
     has its own documents and derived caches.
 
     Attributes:

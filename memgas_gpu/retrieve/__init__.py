@@ -1,5 +1,7 @@
-"""The memory index and its one read path (signals → normalise → route → seeds →
-propagate → session scores); methods are named presets of :class:`ReadParams`.
+"""The one read path (signals → normalise → route → seeds → propagate → session
+scores) over the views of a memory; methods are named presets of :class:`ReadParams`.
+:class:`MemoryIndex` (the memory users hold, :mod:`memgas_gpu.memory`) is exported here
+too.
 
 The names below load on first use (PEP 562), so that the settings and the method names
 (:mod:`.params`, :mod:`.presets`: what the command line reads) import without torch.
@@ -13,13 +15,15 @@ from .._lazy import lazy_exports
 
 #: name → the submodule it comes from
 _HOME = {
-    "SessionTable": "embed", "embed_sessions": "embed", "encode_unique": "embed",
+    "SessionTable": "..memory.embed", "embed_sessions": "..memory.embed",
+    "encode_unique": "..memory.embed",
     "DEFAULT_METHOD": "presets", "HYBRID_SIGNALS": "presets",
     "HYBRID_EXTRACTIVE_SIGNALS": "presets", "METHODS": "presets", "PRESETS": "presets",
     "NonFiniteScoresError": "engine", "ReadParams": "params", "SettingsError": "params",
-    "resolve": "engine", "EncoderMismatchError": "index", "BuildParams": "params",
-    "GraphParams": "params", "MemoryIndex": "index", "IndexConflictError": "persist",
-    "IndexFormatError": "persist", "IndexLockError": "persist", "Retrieval": "search",
+    "resolve": "engine", "EncoderMismatchError": "..memory.index", "BuildParams": "params",
+    "GraphParams": "params", "MemoryIndex": "..memory.index",
+    "IndexConflictError": "..storage.persist", "IndexFormatError": "..storage.persist",
+    "IndexLockError": "..storage.persist", "Retrieval": "search",
     "SearchResult": "search", "retrieve": "search", "search": "search", "SIGNALS": "signals",
     "QueryBatch": "signals", "SearchRequest": "search",
 }

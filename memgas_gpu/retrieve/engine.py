@@ -165,7 +165,7 @@ def score(view, batch: QueryBatch, p: ReadParams, device: Optional[str] = None,
     """Session scores of every query of ``batch`` against its conversation.
 
     Args:
-        view: a :class:`~memgas_gpu.retrieve.segments.View` holding the conversations
+        view: a :class:`~memgas_gpu.memory.segments.View` holding the conversations
             the queries ask about (``batch.q_conv``: positions in it).
         batch: the queries.
         p: checked settings with concrete signals (see :func:`resolve`).

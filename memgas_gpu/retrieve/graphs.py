@@ -22,7 +22,7 @@ from .. import ops
 from ..granularity import CODES, N_GRAN, expand_ranges
 from ..ops.csr import csr_edges, empty_csr, join_csr
 from ..progress import Progress
-from .meta import GraphParams
+from .params import GraphParams
 
 __all__ = ["read_graph", "lexical_graph", "build_graph", "graph_chunk", "candidates"]
 

@@ -19,7 +19,7 @@ from .. import ops
 from .._io import find_surrogate
 from .engine import METHODS, PRESETS, ReadParams, score
 from .signals import QueryBatch
-from .writes import check_date, check_metadata
+from .filters import check_date, check_metadata
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
            "retrieve", "search", "rank_questions", "rank_queries", "check_search",

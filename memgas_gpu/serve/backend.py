@@ -46,7 +46,8 @@ class MemoryCalls:
         """Add the parsed sessions ``items`` (:func:`.protocol.parse_sessions`) in order;
         every one is checked (and ids already in the conversation refused) before any
         is added."""
-        from ..retrieve.writes import check_metadata, check_session
+        from ..memory.writes import check_session
+        from ..retrieve.filters import check_metadata
 
         for it in items:
             check_session(cid, it["session"], it["summary"], it["keywords"])

@@ -149,7 +149,7 @@ class Client:
     def conversations(self) -> list:
         """``ConversationMeta`` of this key's conversations (``.id``, ``.session_ids``,
         ``.session_dates``)."""
-        from ..retrieve.meta import ConversationMeta
+        from ..memory.meta import ConversationMeta
 
         got = self._call("GET", "/v1/conversations")["conversations"]
         return [ConversationMeta(c["id"], c["session_ids"], c["session_dates"]) for c in got]

@@ -38,7 +38,7 @@ from typing import NamedTuple, Optional
 from .._io import (JSONLimitError, atomic_write, find_surrogate, fsync_dir, json_loads,
                    may_hold_surrogate)
 from ..errors import MemgasError
-from .checks import IndexFormatError
+from .validate import IndexFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "DURABLE_VERSION", "NEWEST_VERSION",
            "folder_version", "read_pointer", "writer_lock", "MAX_MANIFEST_BYTES", "LOCK_TIMEOUT",

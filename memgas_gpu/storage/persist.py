@@ -18,14 +18,14 @@ import torch
 
 from .._io import find_surrogate, json_loads, may_hold_surrogate
 from ..data.model import Question
-from .checks import IndexFormatError, check_manifest, check_tensors, tensor_checksums
-from .meta import ConversationMeta
-from .params import GraphParams
-from .signals import custom_signal_modules, import_signal_modules
-from .storage import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
+from .validate import IndexFormatError, check_manifest, check_tensors, tensor_checksums
+from ..memory.meta import ConversationMeta
+from ..retrieve.params import GraphParams
+from ..retrieve.signals import custom_signal_modules, import_signal_modules
+from .folder import (FORMAT_NAME, FORMAT_VERSION, LOCK_TIMEOUT, FolderVersion,
                       IndexConflictError, IndexLockError, check_lock_timeout, read_index_dir,
                       write_index_dir)
-from .texts import TextTable
+from ..memory.texts import TextTable
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def load_index(path: Union[str, os.PathLike], cls=None):
 
 def _make(manifest: dict, t: dict, cls):
     if cls is None:
-        from . import MemoryIndex as cls
+        from ..retrieve import MemoryIndex as cls
     graphs = {k: (t[f"graph.{k}.indptr"], t[f"graph.{k}.indices"]) for k in manifest["graphs"]}
     convs = [ConversationMeta(c["id"], c["session_ids"], c["session_dates"],
                               c.get("session_metadata"))

@@ -2,7 +2,7 @@
 
 A record is a safetensors blob (:func:`safetensors.torch.save`): its metadata holds the
 operation as JSON (``{"op": "add" | "remove" | "forget", ...}``), its tensors the
-embeddings an ``add`` stored (:class:`~memgas_gpu.retrieve.writes.Encoded`), so that a
+embeddings an ``add`` stored (:class:`~memgas_gpu.memory.writes.Encoded`), so that a
 replay links exactly what was acknowledged without the encoder.  No pickle: a record
 is data.
 """
@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..data.model import Session
 from ..errors import MemgasError
-from .writes import Encoded
+from ..memory.writes import Encoded
 
 __all__ = ["Record", "RecordError", "add_record", "remove_record", "forget_record",
            "decode"]

@@ -7,7 +7,7 @@ from typing import Optional
 
 from dataclasses import dataclass
 
-from .params import BuildParams, GraphParams
+from ..retrieve.params import BuildParams, GraphParams
 
 __all__ = ["BuildParams", "GraphParams", "ConversationMeta"]
 

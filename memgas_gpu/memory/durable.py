@@ -23,13 +23,13 @@ from typing import Any, Optional
 import torch
 
 from ..data.model import Question
-from .checkpoint import (Written, read_checkpoint, remove_replaced, remove_unreferenced,
+from ..storage.commit import (Written, read_checkpoint, remove_replaced, remove_unreferenced,
                          write_checkpoint, written_files)
-from .checks import IndexFormatError
-from .records import decode
-from .storage import (DURABLE_VERSION, FORMAT_NAME, IndexLockError, folder_version,
+from ..storage.validate import IndexFormatError
+from ..storage.records import decode
+from ..storage.folder import (DURABLE_VERSION, FORMAT_NAME, IndexLockError, folder_version,
                       read_pointer, writer_lock)
-from .wal import WALError, WriteAheadLog
+from ..storage.log import WALError, WriteAheadLog
 
 __all__ = ["Durable", "CHECKPOINT_BYTES", "CHECKPOINT_SECONDS", "open_memory",
            "load_memory"]
@@ -207,7 +207,7 @@ class Durable:
 def _header(idx, state) -> dict:
     """The settings a checkpoint records (nothing here costs more than the memory's
     settings: no view of the whole memory is made)."""
-    from .signals import custom_signal_modules
+    from ..retrieve.signals import custom_signal_modules
 
     lex = state.tables.lexical_base
     return {"format": FORMAT_NAME, "params": dataclasses.asdict(idx.params),
@@ -261,7 +261,7 @@ def _assemble(cls, parts):
     from ..lexical.tokenize import Vocabulary
     from ..ops.csr import join_csr
     from .meta import ConversationMeta
-    from .params import GraphParams
+    from ..retrieve.params import GraphParams
 
     m, st = parts.manifest, parts.store
     lexical = None
@@ -318,8 +318,8 @@ def open_memory(cls, path, *, encoder=None, readonly: bool = False,
                 lock_timeout: float = 0.0):
     """:meth:`MemoryIndex.open` (see there)."""
     from ..data.model import Dataset
-    from .signals import import_signal_modules
-    from .storage import check_target
+    from ..retrieve.signals import import_signal_modules
+    from ..storage.folder import check_target
 
     folder = Path(path)
     version = folder_version(folder) if folder.is_dir() else None
@@ -343,7 +343,7 @@ def open_memory(cls, path, *, encoder=None, readonly: bool = False,
             for line in import_signal_modules(idx.signal_modules):
                 log.warning("%s: %s", folder, line)
         elif version is not None:  # format 1 or 2: converted by the first checkpoint
-            from .persist import load_index
+            from ..storage.persist import load_index
 
             idx = load_index(folder, cls)
             written = Written()

@@ -2,7 +2,7 @@
 
 Everything a read derives from stored data — packed views of conversations, BM25
 postings, lexical graphs, cue tables, graphs of other settings — lives in a
-:class:`~memgas_gpu.retrieve.segments.View`, and this cache owns the views.  A view is
+:class:`~memgas_gpu.memory.segments.View`, and this cache owns the views.  A view is
 keyed by the versions of the segments it packs, so a write, which gives the
 conversation it changes a new segment version, makes only the views of that
 conversation stale; they are dropped at once (:meth:`ViewCache.forget`), every other

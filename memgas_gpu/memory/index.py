@@ -15,7 +15,7 @@ A write (:meth:`MemoryIndex.add_session`, :meth:`MemoryIndex.remove_session`) bu
 new segment for the one conversation it changes and publishes a new state; a read
 (:meth:`MemoryIndex.retrieve`, :meth:`MemoryIndex.search`) takes the current state once,
 packs only the conversations it asks about into the block-diagonal layout of the read
-path (:class:`~memgas_gpu.retrieve.segments.View`, cached by :mod:`.cache`) and hands
+path (:class:`~memgas_gpu.memory.segments.View`, cached by :mod:`.cache`) and hands
 that view to the read path, which reads nothing else.
 
 The packed tensors of the whole index (``conv_offsets``, ``row_slot``, ``gran``, the
@@ -39,18 +39,19 @@ from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .embed import embed_sessions, encode_unique
 from ..ops.csr import empty_csr
-from .cues.dates import session_days
-from .engine import DEFAULT_METHOD, resolve
-from .graphs import build_graph
+from ..retrieve.cues.dates import session_days
+from ..retrieve.engine import DEFAULT_METHOD, resolve
+from ..retrieve.graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
-from .search import (Retrieval, SearchRequest, SearchResult, question_indices,
+from ..retrieve.search import (Retrieval, SearchRequest, SearchResult, question_indices,
                      rank_queries, rank_questions)
 from .segments import (Segment, State, View, local_graph, split_graph, with_segment,
                        without_segment)
-from .signals import QueryBatch, signal_texts
+from ..retrieve.signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
-from .records import add_record, as_tensor_rows, forget_record, remove_record
-from .writes import (Encoded, append_session, check_metadata, check_session,
+from ..storage.records import add_record, as_tensor_rows, forget_record, remove_record
+from ..retrieve.filters import check_metadata
+from .writes import (Encoded, append_session, check_session,
                      encode_session, grow_graph, session_texts, stored_encoding)
 from .texts import TextTable
 
@@ -101,7 +102,7 @@ class MemoryIndex:
         self.params = params
         self.config = config
         #: the folder and version this index was loaded from or last saved to
-        #: (:class:`~memgas_gpu.retrieve.persist.FolderVersion`), else None
+        #: (:class:`~memgas_gpu.storage.persist.FolderVersion`), else None
         self.folder_version = None
         #: ``{folder: version}`` of every folder this index was loaded from or saved to
         #: (folders absolute, symbolic links resolved); a save into one of them after
@@ -466,10 +467,10 @@ class MemoryIndex:
     def save(self, path, dtype: torch.dtype = torch.float32, **options):
         """Write the index folder (see ``docs/index-format.md``) from one snapshot (writes
         running meanwhile are not in it); ``options``: ``force``, ``lock_timeout`` of
-        :func:`~memgas_gpu.retrieve.persist.save_index`.  ``dtype``: how embeddings are
+        :func:`~memgas_gpu.storage.persist.save_index`.  ``dtype``: how embeddings are
         stored, ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``, or
         the name of one (``"float16"``); anything else is a TypeError."""
-        from .persist import save_index
+        from ..storage.persist import save_index
 
         dtype = float_dtype(dtype)
         return save_index(self, path, dtype=dtype, **options)
@@ -484,13 +485,13 @@ class MemoryIndex:
     def load(cls, path) -> "MemoryIndex":
         """Read an index folder written by :meth:`save` (or a durable memory's folder,
         :meth:`open`: as its writer last made it durable), in memory only."""
-        from .storage import DURABLE_VERSION, folder_version
+        from ..storage.folder import DURABLE_VERSION, folder_version
 
         if folder_version(path) == DURABLE_VERSION:
             from .durable import load_memory
 
             return load_memory(cls, path)
-        from .persist import load_index
+        from ..storage.persist import load_index
 
         return load_index(path, cls)
 
@@ -543,7 +544,7 @@ class MemoryIndex:
     def log_stats(self):
         """The write-ahead log's counters since the memory was opened (``appends``,
         ``fsyncs``, ``dir_fsyncs``, ``bytes_written``: a
-        :class:`~memgas_gpu.retrieve.wal.WALStats`; fewer fsyncs than appends means
+        :class:`~memgas_gpu.storage.log.WALStats`; fewer fsyncs than appends means
         writers shared them), or None for a memory in RAM or opened read-only."""
         d = self._durable
         return d.wal.stats if d is not None and d.wal is not None else None

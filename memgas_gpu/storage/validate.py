@@ -24,10 +24,10 @@ from torch import Tensor
 from ..encode.record import EncoderRecordError, check_encoder_record
 from ..errors import MemgasError
 from ..lexical.tokenize import Tokenizer
-from .params import MAX_SETTING, GraphParams
-from .signals import MODULE_NAME, RESERVED_TABLES
-from .writes import check_metadata
-from .store import DIGEST_BYTES
+from ..retrieve.params import MAX_SETTING, GraphParams
+from ..retrieve.signals import MODULE_NAME, RESERVED_TABLES
+from ..retrieve.filters import check_metadata
+from ..memory.store import DIGEST_BYTES
 
 __all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
            "EMBEDDINGS", "MAX_SETTING"]

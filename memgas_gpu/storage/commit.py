@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from .._io import atomic_write, fsync_dir, json_loads
-from .checks import IndexFormatError
-from .store import StoreTables
-from .texts import TextTable
+from .validate import IndexFormatError
+from ..memory.store import StoreTables
+from ..memory.texts import TextTable
 
 __all__ = ["DURABLE_VERSION", "Written", "write_checkpoint", "read_checkpoint",
            "CheckpointParts", "checkpoint_files", "remove_unreferenced", "remove_replaced",
@@ -231,7 +231,7 @@ def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: di
 
 
 def _with_graphs(seg, graphs: dict):
-    from .segments import Segment
+    from ..memory.segments import Segment
 
     return Segment(seg.meta, seg.slots, graphs, seg.version, seg.days)
 

@@ -67,7 +67,7 @@ class Segment:
 
     def __post_init__(self) -> None:
         if self.days is None:
-            from .cues.dates import session_days
+            from ..retrieve.cues.dates import session_days
 
             object.__setattr__(self, "days", session_days(self.meta.session_dates))
 
@@ -124,7 +124,7 @@ def split_graph(indptr: Tensor, indices: Tensor, conv_offsets: Tensor) -> list:
 def local_graph(node_emb: Tensor, n_rows: int, params: GraphParams,
                 device: str = "cpu") -> tuple[Tensor, Tensor]:
     """The association graph of one conversation's ``[n_rows * N_GRAN, d]`` nodes."""
-    from .graphs import graph_chunk
+    from ..retrieve.graphs import graph_chunk
 
     if n_rows == 0:
         return empty_csr(0)
@@ -323,7 +323,7 @@ class View:
     def _build(self, which: list, params: GraphParams, device: Optional[str]) -> None:
         """Build one setting's graph of the segments ``which`` (positions in this view)
         and keep it with them: the same content for the same segment version."""
-        from .graphs import build_graph
+        from ..retrieve.graphs import build_graph
 
         sub = View(self.state, [int(self.conv[i]) for i in which], self.params, self.config)
         ip, ix = build_graph(sub, params, device=device, progress=False)
