@@ -225,7 +225,7 @@ def test_a_torn_log_tail_is_dropped_with_one_warning(tmp_path, enc, caplog):
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     _add(mem, "A", 0, enc)
     _add(mem, "A", 3, enc)
-    mem._durable.abandon()  # killed: no checkpoint
+    mem.abandon()  # killed: no checkpoint
     log = max((tmp_path / "m" / "wal").glob("*.log"))
     whole = log.read_bytes()
     with open(log, "ab") as f:
@@ -239,32 +239,32 @@ def test_a_torn_log_tail_is_dropped_with_one_warning(tmp_path, enc, caplog):
     back.close()
 
 
-def _bytes_by_file(folder: Path) -> dict:
-    return {p: p.stat().st_size for p in folder.rglob("*") if p.is_file()}
-
-
 def test_a_checkpoint_after_one_write_writes_what_changed(tmp_path, enc):
-    """20 conversations; a checkpoint after one add writes that conversation's segment,
-    one chunk of the new slot and a manifest: at most 2x the segment plus the new rows
-    plus the manifest (the other conversations' files are kept)."""
+    """20 conversations; a checkpoint after one add appends that conversation's segment,
+    one chunk of the new slot, its directory leaf and page, and a root: every other
+    conversation's entry (read through the documented directory) is unchanged, and the
+    bytes appended are a small part of the folder."""
+    import _format4 as f4
+
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     for c in range(20):
         for p in (0, 3, 5):
             _add(mem, f"c{c}", p, enc, summary=f"summary {c}")
     mem.checkpoint()
-    before = _bytes_by_file(tmp_path / "m")
+    before, sizes = f4.directory(tmp_path / "m"), f4.pack_sizes(tmp_path / "m")
     _add(mem, "c7", 6, enc, summary="a new one")
     mem.checkpoint()
-    after = _bytes_by_file(tmp_path / "m")
-    new = {p: n for p, n in after.items() if p not in before and "wal" not in p.parts}
-    kinds = sorted(p.name.split("-")[0] for p in new)
-    assert kinds == ["ckpt", "seg", "store"], kinds
-    seg = next(n for p, n in new.items() if p.name.startswith("seg-"))
-    chunk = next(n for p, n in new.items() if p.name.startswith("store-"))
-    manifest = next(n for p, n in new.items() if p.name.startswith("ckpt-"))
-    others = sum(n for p, n in after.items() if p.name.startswith("seg-")) - seg
-    assert sum(new.values()) <= 2 * seg + chunk + manifest
-    assert others > 10 * seg  # the other 19 conversations' segments: not written again
+    after, grown = f4.directory(tmp_path / "m"), f4.pack_sizes(tmp_path / "m")
+    changed = sorted(c for c in after if after[c] != before[c])
+    assert changed == ["c7"] and after.keys() == before.keys()
+    assert after["c7"][6] == 4 and after["c7"][1] == before["c7"][1]  # sessions, ordinal
+    appended = sum(grown.values()) - sum(sizes.values())
+    seg = after["c7"][4]
+    root = f4.pointer(tmp_path / "m")["root"][2]
+    chunk = f4.root(tmp_path / "m")["chunks"][-1]["ref"][2]
+    # segment + chunk + root + a leaf and a page (a few entries each)
+    assert appended <= seg + chunk + root + 4096, (appended, seg, chunk, root)
+    assert sum(grown.values()) > 10 * appended
     mem.close()
 
 
@@ -293,7 +293,7 @@ def test_forget_and_compact_leave_no_byte_of_the_removed_session(tmp_path, enc):
 
 def test_one_writer_and_readers_that_follow(tmp_path, enc):
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
-    with pytest.raises(IndexLockError, match=rf"held by process {os.getpid()}"):
+    with pytest.raises(IndexLockError, match=rf"open for writing by process {os.getpid()}"):
         MemoryIndex.open(tmp_path / "m", encoder=enc)
     reader = MemoryIndex.open(tmp_path / "m", readonly=True)
     with pytest.raises(PermissionError, match="read-only"):
@@ -309,21 +309,65 @@ def test_one_writer_and_readers_that_follow(tmp_path, enc):
     mem.close()
 
 
-def test_a_format_2_folder_opens_and_keeps_its_sessions(tmp_path, enc):
+@pytest.mark.parametrize("fmt", [1, 2, 3])
+def test_an_older_folder_loads_opens_and_is_converted_once(tmp_path, enc, fmt):
+    """Folders of formats 1, 2 and 3 (3 with records in its log after its checkpoint)
+    load as they are; opening one for writing converts it to format 4 by its first
+    commit and removes the older files; the sessions are those written."""
+    import _format4 as f4
+    import _legacy_writers as lw
+    from memgas_gpu.memory.writes import AddOp, RemoveOp
+
     old = _fresh(enc)
     _add(old, "A", 0, enc)
     _add(old, "A", 3, enc)
-    old.save(tmp_path / "v2")
-    mem = MemoryIndex.open(tmp_path / "v2", encoder=enc)
-    same_memory(mem, old, enc)
+    folder = tmp_path / "old"
+    if fmt == 3:
+        extra = Session(POOL[4].id, "2023-05-05", POOL[4].turns)
+        lw.write_v3(old, folder, lsn=7, records=[
+            lw.v1_record(AddOp("B", extra, "a summary", "kw",
+                               _encoded(old, extra, "a summary", "kw", enc))),
+            lw.v1_record(RemoveOp("A", "s2"))])
+        old.add_session("B", extra, summary="a summary", keywords="kw", encoder=enc)
+        old.remove_session("A", "s2")
+    else:
+        (lw.write_v1 if fmt == 1 else lw.write_v2)(old, folder)
+    same_memory(MemoryIndex.load(folder), old, enc, f"format {fmt} loaded")
+    mem = MemoryIndex.open(folder, encoder=enc)
+    same_memory(mem, old, enc, f"format {fmt} opened")
+    assert f4.pointer(folder)["version"] == 4
+    left = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.name != ".lock")
+    assert all(n == "manifest.json" or n.endswith((".pack", ".log")) for n in left), left
     _add(mem, "A", 5, enc)
     _add(old, "A", 5, enc)
     mem.close()
-    assert json.loads((tmp_path / "v2" / "manifest.json").read_text())["version"] == 3
-    assert not list((tmp_path / "v2").glob("v-*"))
-    same_memory(MemoryIndex.load(tmp_path / "v2"), old, enc)
-    with pytest.raises(Exception, match="durable memory"):
-        old.save(tmp_path / "v2")
+    same_memory(MemoryIndex.load(folder), old, enc, f"format {fmt} after a write")
+    if fmt == 3:  # record numbers go on after the old log's
+        assert min(int(p.stem) for p in (folder / "wal").glob("*.log")) > 9
+
+
+def _encoded(mem, session, summary, keywords, enc):
+    from memgas_gpu.memory.writes import encode_session
+
+    return encode_session(mem._store, session, summary, keywords, enc, mem.dim)
+
+
+def test_a_saved_folder_opens_without_converting(tmp_path, enc):
+    """``save`` writes the format a memory opened on a folder keeps (a complete commit,
+    an empty log): opening it writes no commit."""
+    import _format4 as f4
+
+    old = _fresh(enc)
+    _add(old, "A", 0, enc)
+    old.save(tmp_path / "s")
+    before = f4.folder_bytes(tmp_path / "s")
+    mem = MemoryIndex.open(tmp_path / "s", encoder=enc)
+    assert mem.recovery["replayed"] == 0
+    after = f4.folder_bytes(tmp_path / "s")
+    assert {k: v for k, v in after.items() if k != ".lock"} == \
+        {k: v for k, v in before.items() if k != ".lock"}  # the lock names its holder
+    same_memory(mem, old, enc)
+    mem.close()
 
 
 def test_replaying_a_record_twice_adds_nothing(tmp_path, enc):
@@ -339,7 +383,7 @@ def test_replaying_a_record_twice_adds_nothing(tmp_path, enc):
     records = [decode(p, "test") for _, p in WriteAheadLog.read(tmp_path / "m" / "wal")]
     before = [c.session_ids for c in mem.conversations]
     for r in records:
-        assert mem._apply(r) is False
+        assert mem._replay(r) is False
     assert [c.session_ids for c in mem.conversations] == before
     mem.close()
 
@@ -368,24 +412,30 @@ def test_a_write_whose_log_sync_fails_is_neither_acknowledged_nor_seen(tmp_path,
     assert [c.session_ids for c in mem.conversations] == [["s1"]]
     with pytest.raises(Exception, match="open the folder again"):
         _add(mem, "A", 5, enc)
-    mem._durable.abandon()
+    mem.abandon()
     back = MemoryIndex.open(tmp_path / "m", encoder=enc)
     assert [c.session_ids for c in back.conversations] == [["s1"]]
     back.close()
 
 
-def test_chunks_are_merged_past_their_bound(tmp_path, enc, monkeypatch):
-    """Each checkpoint with new sessions adds a store chunk; past the bound they are
-    written again as one, and the memory reads back the same."""
-    from memgas_gpu.storage import commit as checkpoint
+def test_chunks_of_one_size_are_merged(tmp_path, enc, monkeypatch):
+    """Each checkpoint with new sessions appends a store chunk; when FANIN chunks of one
+    size class are there they are written again as one (so there are few, and a slot is
+    rewritten a logarithmic number of times), and the memory reads back the same."""
+    import _format4 as f4
+    from memgas_gpu.storage import commit
 
-    monkeypatch.setattr(checkpoint, "MAX_CHUNKS", 3)
+    monkeypatch.setattr(commit, "CHUNK_FANIN", 3)
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
-    for i, p in enumerate((0, 3, 5, 6)):
+    counts = []
+    for p in (0, 3, 4, 5, 6, 7):
         _add(mem, "A", p, enc)
         mem.checkpoint()
-        n = len(list((tmp_path / "m" / "data").glob("store-*")))
-        assert n == (i + 2 if i < 2 else i - 1), (i, n)
+        counts.append([c["slots"][1] - c["slots"][0]
+                       for c in f4.root(tmp_path / "m")["chunks"]])
+    # the empty first chunk, then one per checkpoint; three of one size class (slots < 3:
+    # class 0; 3 to 8: class 1) merged into one
+    assert counts == [[0, 1], [2], [2, 1], [4], [4, 1], [4, 1, 1]], counts
     back = MemoryIndex.load(tmp_path / "m")
     same_memory(back, mem, enc)
     mem.close()

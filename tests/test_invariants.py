@@ -119,7 +119,7 @@ def test_a_failed_add_leaves_counts_garbage_and_vocabulary_as_before(oracle, fai
     store = mem._store
     before = (mem.state(), store.refs(), store.garbage, store.n_slots,
               len(store.lexical.vocab))
-    target = ("memgas_gpu.memory.index.grow_graph" if fail == "graph" else
+    target = ("memgas_gpu.memory.writes.grow_graph" if fail == "graph" else
               "memgas_gpu.memory.writes.encode_unique")
     # a shared session (a reference; not encoded again), a new one (a slot)
     for p in ((0, 7) if fail == "graph" else (7,)):

@@ -159,7 +159,7 @@ class MemoryMachine(RuleBasedStateMachine):
             return
         store = self.mem._store
         before = (self.mem.state(), store.refs(), store.garbage, store.n_slots)
-        with mock.patch("memgas_gpu.memory.index.grow_graph",
+        with mock.patch("memgas_gpu.memory.writes.grow_graph",
                         side_effect=RuntimeError("planted graph failure")):
             with pytest.raises(RuntimeError, match="planted"):
                 self.mem.add_session(cid, Session(s.id, DATES[0], s.turns),
@@ -210,8 +210,8 @@ class DurableMachine(MemoryMachine):
                                     checkpoint_bytes=1 << 14)
 
     def teardown(self) -> None:
-        if self.mem._durable is not None:
-            self.mem._durable.abandon()
+        if self.mem.folder is not None:
+            self.mem.abandon()
         super().teardown()
 
     @rule()
@@ -220,7 +220,7 @@ class DurableMachine(MemoryMachine):
 
     @rule()
     def crash_and_reopen(self):
-        self.mem._durable.abandon()
+        self.mem.abandon()
         self.mem = MemoryIndex.open(self.folder, encoder=self.enc, checkpoint_bytes=1 << 14)
         self.compacted = False
 

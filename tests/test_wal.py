@@ -11,16 +11,19 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 from _wal_child import parse, payload
 
 from memgas_gpu.storage import log as wal_module
+from memgas_gpu.storage.lock import IndexLockError
 from memgas_gpu.storage.log import (HEADER_BYTES, MAX_RECORD_BYTES, RECORD_HEADER_BYTES,
                                      RecordTooLargeError, WALCorruptionError, WALError,
                                      WriteAheadLog)
@@ -119,8 +122,8 @@ def test_a_closed_log_refuses_appends_and_close_is_idempotent(tmp_path):
 def test_one_writer_at_a_time_and_the_lock_names_it(tmp_path):
     with WriteAheadLog.open(tmp_path) as w:
         w.append(b"a")
-        with pytest.raises(WALError, match=rf"\.lock: the log is open for writing by process "
-                                            rf"{os.getpid()}"):
+        with pytest.raises(IndexLockError, match=rf"\.lock: the log is open for writing by "
+                                                 rf"process {os.getpid()}"):
             WriteAheadLog.open(tmp_path)
         assert list(WriteAheadLog.read(tmp_path)) == [(1, b"a")]  # readers take no lock
     with WriteAheadLog.open(tmp_path) as w:  # released on close
@@ -147,7 +150,7 @@ def test_a_torn_tail_at_every_byte_of_the_last_record_is_dropped_with_one_warnin
             assert warned == []  # nothing torn: the last record was never begun
             continue
         assert len(warned) == 1, (cut, warned)
-        assert f"{folder / log_file.name}: dropped a torn tail of {cut - start} bytes " \
+        assert f"{folder / log_file.name}: dropped {cut - start} bytes " \
                f"after record 2 (offset {start})" in warned[0]
         assert (folder / log_file.name).stat().st_size == start  # truncated on disk
         caplog.clear()
@@ -246,7 +249,7 @@ def test_a_zeroed_block_followed_by_good_records_is_refused(tmp_path):
     data[offsets[250]:offsets[255]] = bytes(offsets[255] - offsets[250])
     f.write_bytes(bytes(data))
     with pytest.raises(WALCorruptionError, match=rf"offset {offsets[250]}: .*a valid record "
-                                                 rf"\(256\) follows at offset {offsets[255]}"):
+                                                 rf"\(256\) of a later write follows at offset {offsets[255]}"):
         WriteAheadLog.open(tmp_path)
 
 
@@ -259,7 +262,7 @@ def test_a_valid_record_out_of_sequence_is_refused(tmp_path):
     data = f.read_bytes()
     f.write_bytes(data[:offsets[3]] + data[offsets[1]:offsets[2]] + data[offsets[3]:])
     with pytest.raises(WALCorruptionError, match=rf"offset {offsets[3]}: record 2 where record "
-                                                 r"4 belongs, and a valid record \(4\)"):
+                                                 r"4 belongs, and a valid record \(4\) of a later write"):
         WriteAheadLog.open(tmp_path)
 
 
@@ -309,9 +312,14 @@ def test_a_newer_format_asks_for_an_upgrade(tmp_path):
     _write(tmp_path, [b"a"])
     f = _logs(tmp_path)[0]
     data = bytearray(f.read_bytes())
-    data[8] = 2
+    data[8] = 3
+    data[20:24] = struct.pack("<I", zlib.crc32(bytes(data[:20])))  # a real newer header
     f.write_bytes(bytes(data))
-    with pytest.raises(WALError, match="version 2 is newer .* upgrade memgas_gpu"):
+    with pytest.raises(WALError, match="version 3 is newer .* upgrade memgas_gpu"):
+        WriteAheadLog.open(tmp_path)
+    data[8] = 4  # a damaged header byte is damage, not a version (its checksum first)
+    f.write_bytes(bytes(data))
+    with pytest.raises(WALCorruptionError, match="header's checksum"):
         WriteAheadLog.open(tmp_path)
 
 
@@ -335,7 +343,7 @@ def test_a_length_beyond_the_format_bound_is_damage_not_an_allocation(tmp_path, 
     data[_offsets(f)[1]:_offsets(f)[1] + 4] = (MAX_RECORD_BYTES + 1).to_bytes(4, "little")
     f.write_bytes(bytes(data))
     assert _replayed(tmp_path) == [b"a"]
-    assert "dropped a torn tail" in _warnings(caplog)[0]
+    assert "the last write, cut short" in _warnings(caplog)[0]
 
 
 # ---------------------------------------------------------------- group commit
@@ -522,7 +530,7 @@ def test_a_partial_write_that_cannot_be_undone_is_dropped_by_the_next_open(tmp_p
     monkeypatch.undo()
     w.close()
     assert _replayed(tmp_path) == [b"kept"]
-    assert len(_warnings(caplog)) == 1 and "dropped a torn tail" in _warnings(caplog)[0]
+    assert len(_warnings(caplog)) == 1 and "the last write, cut short" in _warnings(caplog)[0]
 
 
 # ---------------------------------------------------------------- rotation and truncation
@@ -543,7 +551,7 @@ def test_rotation_and_truncate_through_remove_exactly_the_covered_files(tmp_path
         assert w.truncate_through(5) == 1 and names() == [4, 7, 10]  # 6 is in 4..6: kept
         assert w.first_lsn == 4
         assert [lsn for lsn, _ in w.replay(3)] == list(range(4, 10))
-        with pytest.raises(WALError, match="records 3 to 3 are no longer in the log"):
+        with pytest.raises(WALError, match="records 3 to 3 are not in the log"):
             w.replay(2)
         assert w.truncate_through(6) == 1 and names() == [7, 10]
         assert w.stats.dir_fsyncs == 6  # after each removal
@@ -555,7 +563,7 @@ def test_rotation_and_truncate_through_remove_exactly_the_covered_files(tmp_path
         assert (w.first_lsn, w.last_lsn) == (11, 10)
         assert w.append(payloads[10]) == 11
     assert list(WriteAheadLog.read(tmp_path, after_lsn=10)) == [(11, payloads[10])]
-    with pytest.raises(WALError, match="no longer in the log"):
+    with pytest.raises(WALError, match="not in the log"):
         WriteAheadLog.read(tmp_path)
 
 

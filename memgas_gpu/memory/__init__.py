@@ -11,7 +11,7 @@ from .._lazy import lazy_exports
 
 #: name → the submodule it comes from
 _HOME = {"MemoryIndex": "index", "EncoderMismatchError": "index",
-         "DurableMemory": "durable", "ConversationMeta": "meta"}
+         "DurableMemory": "index", "DurableParams": "durable", "ConversationMeta": "meta"}
 
 __all__ = list(_HOME)
 

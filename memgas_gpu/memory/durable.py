@@ -1,38 +1,38 @@
-"""A memory opened on a folder: every write logged and synced before it returns,
+"""A memory kept in a folder: every write logged and synced before it returns,
 checkpoints that cost what changed, recovery, compaction that deletes, and read-only
-followers (docs/index-format.md, format 3; docs/failure.md, "A durable memory").
+followers (docs/index-format.md; docs/failure.md, "A durable memory").
 
-:class:`Durable` is the part of a :class:`~memgas_gpu.retrieve.MemoryIndex` that owns
-its folder: the writer's lock (``.lock``, held while the memory is open), the
-write-ahead log (:mod:`.wal`, records of :mod:`.records`), and the checkpoints
-(:mod:`.checkpoint`).  The index builds each write's new state under its write lock and
-hands it here with the write's record; the record is queued in that order, synced with
-whatever other writers queued meanwhile (one fsync for the group), and the states are
-published in log order once their records are durable.
+:class:`DurableMemory` is a :class:`~memgas_gpu.memory.MemoryIndex` with the same
+methods and two hooks of its own: :meth:`_commit` hands each write's record to the
+write-ahead log (in write order, under the memory's write lock) and publishes the
+writes in log order once their records are durable (writers that arrive together share
+one fsync); :meth:`_check_writable` refuses writes to a follower, a closed memory, or
+one whose log failed.  The folder's files, its lock, the log and the commit format are
+:mod:`memgas_gpu.storage`'s.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
-from ..data.model import Question
-from ..storage.commit import (Written, read_checkpoint, remove_replaced, remove_unreferenced,
-                         write_checkpoint, written_files)
-from ..storage.validate import IndexFormatError
-from ..storage.records import decode
-from ..storage.folder import (DURABLE_VERSION, FORMAT_NAME, IndexLockError, folder_version,
-                      read_pointer, writer_lock)
+from ..settings import Settings, setting
+from ..storage import files
+from ..storage.commit import POINTER, WAL, Written, cut_uncommitted, read_commit, write_commit
+from ..storage.folder import (FORMAT_VERSION, assemble, check_target,
+                              commit_folder, folder_format, is_unfinished, pointer_missing,
+                              read_snapshot, replay)
+from ..storage.legacy import read_legacy, remove_legacy
+from ..storage.lock import FolderLock, IndexLockError
 from ..storage.log import WALError, WriteAheadLog
+from ..storage.records import encode
+from ..storage.validate import IndexFormatError
 
-__all__ = ["Durable", "CHECKPOINT_BYTES", "CHECKPOINT_SECONDS", "open_memory",
-           "load_memory"]
+__all__ = ["Durable", "DurableParams", "CHECKPOINT_BYTES", "CHECKPOINT_SECONDS"]
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +40,142 @@ log = logging.getLogger(__name__)
 CHECKPOINT_BYTES = 64 << 20
 #: seconds after which a write runs a checkpoint, whatever the log holds
 CHECKPOINT_SECONDS = 300.0
-_READ_TRIES = 20
+
+
+@dataclass(frozen=True)
+class DurableParams(Settings):
+    """The options of a memory opened on a folder (:meth:`MemoryIndex.open`).
+
+    Attributes:
+        checkpoint_bytes: a write runs a checkpoint once the log has grown by this many
+            bytes since the last one.
+        checkpoint_seconds: ... or once this many seconds have passed since it.
+        lock_timeout: seconds to wait for another writer to close the folder.
+    """
+
+    checkpoint_bytes: int = setting(CHECKPOINT_BYTES, "int", lo=1, hi=1 << 62)
+    checkpoint_seconds: float = setting(CHECKPOINT_SECONDS, "real", lo=0, lo_open=True,
+                                        hi=1e12)
+    lock_timeout: float = setting(0.0, "real", lo=0, hi=1e12)
 
 
 class Durable:
-    """The folder side of a memory opened with :meth:`MemoryIndex.open` (see the module
-    docstring).  Thread-safe; one writer process per folder, any number of readers."""
+    """What a memory opened on a folder adds to a memory in RAM (see the module
+    docstring): mixed into :class:`~memgas_gpu.memory.DurableMemory`, whose
+    ``_plain`` is the in-RAM class a copy becomes."""
 
-    def __init__(self, index, folder: Path, wal: Optional[WriteAheadLog], lock,
-                 written: Written, checkpoint_bytes: int, checkpoint_seconds: float,
-                 readonly: bool) -> None:
-        self.index = index
-        self.folder = folder
-        self.wal = wal
-        self.readonly = readonly
-        self._lock_cm = lock
-        self.written = written
-        self.checkpoint_bytes = checkpoint_bytes
-        self.checkpoint_seconds = checkpoint_seconds
+    _plain: type
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, path, encoder: Any = None, *, readonly: bool = False,
+             checkpoint_bytes: Optional[int] = None,
+             checkpoint_seconds: Optional[float] = None,
+             lock_timeout: float = 0.0) -> "Durable":
+        """See :meth:`MemoryIndex.open`."""
+        opts = DurableParams(
+            CHECKPOINT_BYTES if checkpoint_bytes is None else checkpoint_bytes,
+            CHECKPOINT_SECONDS if checkpoint_seconds is None else checkpoint_seconds,
+            lock_timeout)
+        folder = Path(path)
+        if readonly:
+            if not folder.is_dir() or (folder_format(folder) is None
+                                       and is_unfinished(folder)):
+                raise IndexFormatError(f"{folder}: no memory to open read-only")
+            return cls._follow(folder, encoder)
+        return cls._open_writer(folder, encoder, opts)
+
+    @classmethod
+    def _open_writer(cls, folder: Path, encoder, opts: DurableParams) -> "Durable":
+        check_target(folder)
+        files.make_dirs(folder)  # each new level durable in its parent
+        lock = FolderLock(folder, opts.lock_timeout, what="the memory is open for writing")
+        try:
+            lock.acquire()
+        except IndexLockError as e:
+            raise IndexLockError(f"{e}; open it read-only with readonly=True to follow "
+                                 "it") from None
+        wal = None
+        try:
+            t0 = time.perf_counter()
+            fmt = folder_format(folder)
+            if fmt is None and not is_unfinished(folder):
+                raise pointer_missing(folder)
+            if fmt is None:  # new, or a creation a crash interrupted: made again
+                idx = cls._create(folder, encoder)
+                written, lsn = idx._written, 0
+            elif fmt == FORMAT_VERSION:
+                parts, written = read_commit(folder)
+                idx = assemble(cls, parts, str(folder / POINTER))
+                written.segments = _versions(idx, written)
+                cut_uncommitted(folder, written)  # what an interrupted commit appended
+                lsn = written.lsn
+            else:  # formats 1 to 3: converted by the first commit below
+                from ..storage.legacy import read_json
+
+                top, _ = read_json(folder / POINTER)
+                parts, _ = read_legacy(folder, top)
+                idx = assemble(cls, parts, str(folder / POINTER))
+                written, lsn = Written(), int(parts.header.get("lsn") or 0)
+            if encoder is not None:
+                idx.use_encoder(encoder)  # checked against the memory's record
+            if fmt is not None and fmt < 3:
+                wal = _new_log(folder / WAL, lsn)
+            else:
+                wal = WriteAheadLog.open(folder / WAL, after=lsn, create=fmt is None,
+                                         lock=False)
+            idx._attach(folder, wal, lock, written, opts, readonly=False)
+            n, last = replay(idx, wal.replay(lsn), str(folder / WAL))
+            idx._lsn = wal.last_lsn
+            if fmt is None or fmt < FORMAT_VERSION or n:  # converted, or a replayed log
+                idx._checkpoint(full=fmt is not None and fmt < FORMAT_VERSION)
+            if fmt is not None and fmt < FORMAT_VERSION:
+                remove_legacy(folder)
+            idx.recovery = {"replayed": n, "seconds": time.perf_counter() - t0}
+            return idx
+        except BaseException:
+            if wal is not None:
+                wal.close()
+            lock.release()
+            raise
+
+    @classmethod
+    def _create(cls, folder: Path, encoder) -> "Durable":
+        """A new, empty memory in ``folder`` (held locked): its first commit, an empty
+        log; ``CREATING`` marks the folder until the commit is durable, so that a crash
+        in between leaves a folder the next open creates again."""
+        from ..data.model import Dataset
+
+        stale = [p for p in (folder / WAL).glob("*.log")] if (folder / WAL).is_dir() else []
+        stale += [p for p in (folder / "data").iterdir()] if (folder / "data").is_dir() else []
+        stale += [p for p in folder.iterdir() if files.is_temporary(p.name)]
+        files.remove(stale)  # what an interrupted creation left (CREATING still there)
+        idx = cls.build(Dataset([]), encoder, progress=False)
+        _, idx._written = commit_folder(folder, idx.commit_input(), idx.dim)
+        return idx
+
+    @classmethod
+    def _follow(cls, folder: Path, encoder) -> "Durable":
+        snap = read_snapshot(folder)
+        idx = assemble(cls, snap.parts, str(folder / POINTER))
+        n, last = replay(idx, snap.records, str(folder / WAL))
+        written = snap.written or Written()
+        written.segments = _versions(idx, written)
+        idx._attach(folder, None, None, written, DurableParams(), readonly=True)
+        idx._lsn = last if last is not None else (snap.written.lsn if snap.written else 0)
+        idx._follows = snap.version
+        if encoder is not None:
+            idx.use_encoder(encoder)
+        return idx
+
+    def _attach(self, folder: Path, wal: Optional[WriteAheadLog], lock, written: Written,
+                opts: DurableParams, readonly: bool) -> None:
+        self._folder = folder
+        self._log = wal
+        self._lock = lock
+        self._written = written
+        self._opts = opts
+        self._readonly = readonly
         self._pending: collections.deque = collections.deque()
         self._publish_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
@@ -65,34 +183,72 @@ class Durable:
         self._closed = False
         #: LSN of the last published write (what a checkpoint of the published state
         #: covers)
-        self.lsn = written.lsn
+        self._lsn = written.lsn
         self._bytes_at_checkpoint = wal.stats.bytes_written if wal is not None else 0
-        self._swept = False  # whether a checkpoint of this process listed the folder
         self._last_checkpoint = time.monotonic()
+        self._checkpoint_failures = 0
+        self._follows = None
+        self.recovery = {"replayed": 0, "seconds": 0.0}
+
+    def __reduce_ex__(self, protocol):
+        """A copy is a memory in RAM, not the folder's writer."""
+        state = {k: v for k, v in self.__getstate__().items() if k not in _DURABLE_FIELDS}
+        return (_plain_copy, (self._plain, state))
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def folder(self) -> Optional[str]:
+        return str(self._folder)
+
+    @property
+    def readonly(self) -> bool:
+        return self._readonly
+
+    @property
+    def log_stats(self):
+        """The write-ahead log's counters since the memory was opened (``appends``,
+        ``fsyncs``, ``dir_fsyncs``, ``bytes_written``: a
+        :class:`~memgas_gpu.storage.log.WALStats`; fewer fsyncs than appends means
+        writers shared them), or None for a follower."""
+        return self._log.stats if self._log is not None else None
+
+    def storage_stats(self) -> dict:
+        """The folder as the memory sees it: the commit number and the LSN it covers,
+        the last LSN published, log bytes since the last checkpoint, checkpoints that
+        failed (a full disk: the log keeps every write meanwhile), and the packs'
+        garbage and live bytes."""
+        garbage, live = self._written.garbage()
+        grown = (self._log.stats.bytes_written - self._bytes_at_checkpoint
+                 if self._log is not None else 0)
+        return {"commit": self._written.commit, "commit_lsn": self._written.lsn,
+                "lsn": self._lsn, "log_bytes_since_checkpoint": grown,
+                "checkpoint_failures": self._checkpoint_failures,
+                "garbage_bytes": garbage, "live_bytes": live}
 
     # ------------------------------------------------------------------ writing
-    def check_writable(self) -> None:
-        if self.readonly:
-            raise PermissionError(f"{self.folder}: this memory was opened read-only; open "
+    def _check_writable(self) -> None:
+        if self._readonly:
+            raise PermissionError(f"{self._folder}: this memory was opened read-only; open "
                                   "it without readonly=True (one writer at a time) to "
                                   "write")
         if self._closed:
-            raise ValueError(f"{self.folder}: this memory is closed")
+            raise ValueError(f"{self._folder}: this memory is closed")
         if self._failed is not None:
-            raise WALError(f"{self.folder}: {self._failed}; close the memory and open the "
+            raise WALError(f"{self._folder}: {self._failed}; close the memory and open the "
                            "folder again (recovery replays what the log holds)")
 
-    def submit(self, record: bytes, state, stale) -> Any:
-        """Queue ``record`` (under the index's write lock: log order is write order)."""
-        ticket = self.wal.submit(record)
+    def _commit(self, ops: list, state, stale):
+        ticket = self._log.submit(encode(ops))  # under the write lock: log order
         self._pending.append((ticket, state, stale))
-        return ticket
+        return lambda: self._settle(ticket)
 
-    def commit(self, ticket) -> None:
+    def _settle(self, ticket) -> None:
         """Wait until ``ticket``'s record is durable (sharing the fsync of its group),
-        then publish, in log order, every state whose record is."""
+        then publish, in log order, every state whose record is; then a checkpoint if
+        the log grew enough (a failure of it does not fail this write, which is
+        durable)."""
         try:
-            self.wal.wait(ticket)
+            self._log.wait(ticket)
         except BaseException as e:
             self._failed = (f"a write to the log failed ({type(e).__name__}: "
                             f"{' '.join(str(e).split())[:160]}); the writes queued with "
@@ -100,81 +256,153 @@ class Durable:
             with self._publish_lock:
                 self._pending.clear()
             raise
+        self._publish_durable()
+        self._maybe_checkpoint()
+
+    def _publish_durable(self) -> None:
         with self._publish_lock:
             while self._pending and self._pending[0][0].done and \
                     self._pending[0][0].error is None:
                 t, state, stale = self._pending.popleft()
-                self.index._publish(state, stale)
-                self.lsn = t.lsn
-        self._maybe_checkpoint()
+                self._publish(state, stale)
+                self._lsn = t.lsn
 
-    def drain(self) -> None:
-        """Wait (under the index's write lock) until every queued write is published."""
+    def _drain(self) -> None:
+        """Wait (under the write lock) until every queued write is published."""
         while True:
             with self._publish_lock:
                 if not self._pending:
                     return
                 t = self._pending[-1][0]
-            self.commit(t)
+            self._settle_quietly(t)
+
+    def _settle_quietly(self, ticket) -> None:
+        try:
+            self._log.wait(ticket)
+        except BaseException:
+            self._failed = self._failed or "a write to the log failed"
+            with self._publish_lock:
+                self._pending.clear()
+            raise
+        self._publish_durable()
 
     def _maybe_checkpoint(self) -> None:
-        grown = self.wal.stats.bytes_written - self._bytes_at_checkpoint
-        if grown >= self.checkpoint_bytes or \
-                time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds:
-            if self._checkpoint_lock.acquire(blocking=False):
-                try:
-                    self._checkpoint()
-                finally:
-                    self._checkpoint_lock.release()
+        grown = self._log.stats.bytes_written - self._bytes_at_checkpoint
+        if grown < self._opts.checkpoint_bytes and \
+                time.monotonic() - self._last_checkpoint < self._opts.checkpoint_seconds:
+            return
+        if not self._checkpoint_lock.acquire(blocking=False):
+            return  # another writer is checkpointing
+        try:
+            self._checkpoint()
+        except Exception as e:  # noqa: BLE001 - the write itself is durable
+            self._checkpoint_failures += 1
+            # try again after as much log again (not at every write)
+            self._bytes_at_checkpoint = self._log.stats.bytes_written
+            self._last_checkpoint = time.monotonic()
+            log.warning("%s: an automatic checkpoint failed (%s: %s); every write is in the "
+                        "log, which keeps growing until a checkpoint succeeds",
+                        self._folder, type(e).__name__, " ".join(str(e).split())[:200])
+        finally:
+            self._checkpoint_lock.release()
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> None:
-        """Write a checkpoint of the published state and drop the log it covers."""
-        self.check_writable()
+        """Write a commit of what the memory holds (the changed conversations and the new
+        sessions only) and drop the log that covered it.  Runs by itself as the log
+        grows, and on :meth:`close`.
+
+        Raises:
+            OSError: writing failed (a full disk): the previous commit and the log still
+                hold every write; nothing of this checkpoint is left.
+        """
+        self._check_writable()
         with self._checkpoint_lock:
             self._checkpoint()
 
-    def _checkpoint(self) -> None:
-        idx = self.index
+    def _checkpoint(self, full: bool = False) -> None:
         with self._publish_lock:
-            state, lsn = idx.state(), self.lsn
-        keys = idx.graph_keys_of(state)
-        old = self.written
-        self.written = write_checkpoint(self.folder, state, lsn, old,
-                                        _header(idx, state), _questions(idx, state), keys)
-        self.wal.truncate_through(lsn)
-        if self._swept:  # only what this checkpoint replaced (no listing of the folder)
-            remove_replaced(self.folder, old, self.written)
-        else:  # the first checkpoint of this process: whatever a crash left too
-            remove_unreferenced(self.folder, self.written.name, written_files(self.written))
-            _remove_format2(self.folder)
-            self._swept = True
-        self._bytes_at_checkpoint = self.wal.stats.bytes_written
+            state, lsn = self._state, self._lsn
+        inp = self.commit_input(state, lsn=lsn)
+        self._written = write_commit(self._folder, inp, self._written, full=full)
+        self._log.truncate_through(lsn)  # only once the commit naming it is durable
+        self._bytes_at_checkpoint = self._log.stats.bytes_written
         self._last_checkpoint = time.monotonic()
 
-    def compacted(self) -> None:
-        """After a compaction: a checkpoint of every file, and a log emptied of what the
-        removed sessions were (every log file the checkpoint covers is removed, the
-        current one included: the log starts a new one)."""
-        self.check_writable()
-        with self._checkpoint_lock:
-            self._checkpoint()
+    def compact(self) -> int:
+        """Drop the sessions no conversation uses now, then write a full commit and
+        empty the log: no file of the folder holds the removed sessions' texts or
+        embeddings any more (even when an automatic compaction had dropped them from
+        memory already).  Returns how many were dropped."""
+        self._check_writable()
+        with self._write_lock:
+            self._drain()
+            dropped = super().compact()
+            with self._checkpoint_lock:
+                self._checkpoint(full=True)
+        return dropped
+
+    # ------------------------------------------------------------------ followers
+    def refresh(self) -> int:
+        """A memory opened read-only: read what its writer made durable since; returns
+        how many writes it applied (-1: it read the writer's newer commit).
+
+        Raises:
+            ValueError: the memory is its folder's writer, not a follower.
+        """
+        if not self._readonly:
+            raise ValueError("refresh() follows a memory opened with readonly=True")
+        from ..storage.commit import read_pointer
+
+        try:
+            pointer = read_pointer(self._folder)
+        except FileNotFoundError:
+            raise pointer_missing(self._folder) from None
+        if self._written.root != pointer["root"]:
+            return self._reload()
+        n = 0
+        try:
+            records = list(WriteAheadLog.read(self._folder / WAL, self._lsn))
+        except WALError as e:
+            from ..storage.log import WALCorruptionError
+
+            if isinstance(e, WALCorruptionError):
+                raise
+            return self._reload()  # a checkpoint truncated the log meanwhile
+        for lsn, payload in records:
+            if lsn != self._lsn + 1:
+                return self._reload()
+            replay(self, [(lsn, payload)], str(self._folder / WAL))
+            self._lsn = lsn
+            n += 1
+        return n
+
+    def _reload(self) -> int:
+        fresh = type(self)._follow(self._folder, self._encoder)
+        self._reset(fresh)
+        self._written, self._lsn = fresh._written, fresh._lsn
+        self.signal_modules = fresh.signal_modules
+        return -1
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:
+        """Wait for the writes in flight, checkpoint, and release the folder (a
+        follower releases nothing: it holds nothing).  Reads still work afterwards;
+        writes are refused."""
         if self._closed:
             return
         try:
-            if not self.readonly and self._failed is None:
-                self.drain()
+            if not self._readonly and self._failed is None:
+                with self._write_lock:
+                    self._drain()
                 with self._checkpoint_lock:
                     self._checkpoint()
         finally:
             self._closed = True
-            if self.wal is not None:
-                self.wal.close()
-            if self._lock_cm is not None:
-                self._lock_cm.__exit__(None, None, None)
+            if self._log is not None:
+                self._log.close()
+            if self._lock is not None:
+                self._lock.release()
 
     def abandon(self) -> None:
         """Let the folder go as a killed process would: no checkpoint, the log and the
@@ -182,218 +410,36 @@ class Durable:
         what the log holds)."""
         self._closed = True
         self._failed = "abandoned"
-        if self.wal is not None:
-            self.wal.close()
-        if self._lock_cm is not None:
-            self._lock_cm.__exit__(None, None, None)
-
-    # ------------------------------------------------------------------ readers
-    def refresh(self) -> int:
-        """A read-only memory: apply what the writer logged since (or reload its newer
-        checkpoint); returns how many writes were applied."""
-        pointer = read_pointer(self.folder)
-        if pointer.get("current") != self.written.name:
-            return -1  # a newer checkpoint: the caller reloads
-        n = 0
-        for lsn, payload in WriteAheadLog.read(self.folder / "wal", self.lsn):
-            if lsn != self.lsn + 1:
-                return -1  # records truncated meanwhile: reload
-            self.index._apply(decode(payload, f"{self.folder / 'wal'}: record {lsn}"))
-            self.lsn = lsn
-            n += 1
-        return n
+        if self._log is not None:
+            self._log.close()
+        if self._lock is not None:
+            self._lock.release()
 
 
-def _header(idx, state) -> dict:
-    """The settings a checkpoint records (nothing here costs more than the memory's
-    settings: no view of the whole memory is made)."""
-    from ..retrieve.signals import custom_signal_modules
-
-    lex = state.tables.lexical_base
-    return {"format": FORMAT_NAME, "params": dataclasses.asdict(idx.params),
-            "tables": sorted(state.tables.dense), "config": idx.config,
-            "lexical": lex.describe() if lex is not None else None,
-            "signal_modules": {**idx.signal_modules, **custom_signal_modules()}}
+#: what a durable memory adds to a MemoryIndex (a copy in RAM drops it)
+_DURABLE_FIELDS = frozenset({
+    "_folder", "_log", "_lock", "_written", "_opts", "_readonly", "_pending",
+    "_publish_lock", "_checkpoint_lock", "_failed", "_closed", "_lsn",
+    "_bytes_at_checkpoint", "_last_checkpoint", "_checkpoint_failures", "_follows",
+    "recovery"})
 
 
-def _questions(idx, state) -> dict:
-    lex = state.tables.lexical_base
-    return {"records": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
-                         "answer": q.answer,
-                         "evidence_session_ids": list(q.evidence_session_ids),
-                         "evidence_turn_ids": list(q.evidence_turn_ids),
-                         "is_abstention": q.is_abstention} for q in idx.questions],
-            "conversations": list(idx.question_conversation_ids()),
-            "q_emb": idx.q_emb.float(), "terms": lex.queries if lex is not None else None}
+def _versions(idx, written: Written) -> dict:
+    """The commit's conversations keyed to the versions of the segments just read from
+    it (so that a checkpoint writes only the conversations changed since)."""
+    return {s.id: (s.version, written.segments[s.id][1]) for s in idx.state().segments
+            if s.id in written.segments}
 
 
-def _remove_format2(folder: Path) -> None:
-    """A format-2 folder opened for writing: its versions, once a checkpoint replaced
-    them."""
-    import re
-    import shutil
-
-    for p in folder.iterdir():
-        if re.fullmatch(r"v-[0-9a-f]{32}", p.name) or p.name == "tensors.safetensors":
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+def _plain_copy(cls: type, state: dict):
+    plain = cls.__new__(cls)
+    plain.__setstate__(state)
+    return plain
 
 
-# ---------------------------------------------------------------------------- opening
-def _from_checkpoint(cls, folder: Path):
-    """A MemoryIndex of the checkpoint the folder's pointer names (retrying when a
-    writer replaced it meanwhile), its Written and its parts."""
-    for attempt in range(_READ_TRIES):
-        try:
-            parts = read_checkpoint(folder, read_pointer(folder))
-            break
-        except FileNotFoundError as e:
-            if attempt == _READ_TRIES - 1:
-                raise IndexFormatError(f"{e.filename}: missing: the memory's folder is "
-                                       "incomplete") from None
-    return _assemble(cls, parts), parts
-
-
-def _assemble(cls, parts):
-    from ..lexical import LexicalIndex, TermMatrix, Tokenizer
-    from ..lexical.tokenize import Vocabulary
-    from ..ops.csr import join_csr
-    from .meta import ConversationMeta
-    from ..retrieve.params import GraphParams
-
-    m, st = parts.manifest, parts.store
-    lexical = None
-    if st["lexical"] is not None:
-        docs, ptr, terms = st["lexical"]
-        b = parts.base
-        queries = TermMatrix(b["lexical.q.indptr"], b["lexical.q.indices"],
-                             b["lexical.q.tf"].float())
-        lexical = LexicalIndex(Tokenizer.from_config(m["lexical"]["tokenizer"]),
-                               Vocabulary(terms),
-                               {g: TermMatrix(*v) for g, v in docs.items()}, ptr, queries)
-    metas = [ConversationMeta(meta["id"], list(meta["session_ids"]),
-                              list(meta["session_dates"]), meta.get("session_metadata"))
-             for meta, *_ in parts.segments]
-    sizes = torch.tensor([len(x.session_ids) for x in metas], dtype=torch.long)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-    row_slot = (torch.cat([slots for _, slots, _, _ in parts.segments]) if metas
-                else torch.zeros(0, dtype=torch.long))
-    keys = list(m["graphs"])
-    graphs = {k: join_csr([g[k] for *_, g in parts.segments]) for k in keys} if metas \
-        else {}
-    ids = {x.id: i for i, x in enumerate(metas)}
-    q_conv = torch.tensor([ids[c] for c in m["question_conversations"]], dtype=torch.long)
-    questions = [Question(id=q["id"], text=q["text"], type=q["type"], date=q["date"],
-                          answer=q["answer"],
-                          evidence_session_ids=tuple(q["evidence_session_ids"]),
-                          evidence_turn_ids=tuple(q.get("evidence_turn_ids", ())),
-                          is_abstention=q["is_abstention"]) for q in m["questions"]]
-    idx = cls(conversations=metas, questions=questions, conv_offsets=offsets,
-              row_slot=row_slot, gran=st["gran"], concat=None, tables=st["dense"],
-              q_emb=parts.base["q_emb"].float(), q_conv=q_conv, graphs=graphs,
-              params=GraphParams(**m["params"]), config=m["config"], lexical=lexical,
-              turns=st["turns"], turn_ptr=st["turn_ptr"], turn_text=st["turn_text"],
-              digest=st["digest"], generation=int(m["generation"]),
-              segment_days=[days for _, _, days, _ in parts.segments])
-    idx.signal_modules = dict(m.get("signal_modules") or {})
-    return idx
-
-
-def _replay(idx, records) -> tuple[int, int]:
-    """Apply log records after the checkpoint; ``(applied, last lsn)``."""
-    n, last = 0, None
-    for lsn, payload in records:
-        rec = decode(payload, f"log record {lsn}")
-        if idx._apply(rec):
-            n += 1
-        last = lsn
-    return n, last
-
-
-def open_memory(cls, path, *, encoder=None, readonly: bool = False,
-                checkpoint_bytes: int = CHECKPOINT_BYTES,
-                checkpoint_seconds: float = CHECKPOINT_SECONDS,
-                lock_timeout: float = 0.0):
-    """:meth:`MemoryIndex.open` (see there)."""
-    from ..data.model import Dataset
-    from ..retrieve.signals import import_signal_modules
-    from ..storage.folder import check_target
-
-    folder = Path(path)
-    version = folder_version(folder) if folder.is_dir() else None
-    if readonly:
-        if version is None:
-            raise IndexFormatError(f"{folder}: no memory to open read-only")
-        return load_memory(cls, folder, follow=True)
-    check_target(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = writer_lock(folder, lock_timeout)
-    try:
-        lock.__enter__()
-    except IndexLockError as e:
-        raise IndexLockError(f"{e}; one process writes a memory at a time (open it "
-                             "read-only with readonly=True to follow it)") from None
-    try:
-        t0 = time.perf_counter()
-        if version == DURABLE_VERSION:
-            idx, parts = _from_checkpoint(cls, folder)
-            written = parts.written
-            for line in import_signal_modules(idx.signal_modules):
-                log.warning("%s: %s", folder, line)
-        elif version is not None:  # format 1 or 2: converted by the first checkpoint
-            from ..storage.persist import load_index
-
-            idx = load_index(folder, cls)
-            written = Written()
-        else:
-            idx = cls.build(Dataset([]), encoder, progress=False)
-            written = Written()
-        if encoder is not None:
-            idx.use_encoder(encoder)  # checked against the memory's record
-        wal = WriteAheadLog.open(folder / "wal")
-        n, last = _replay(idx, wal.replay(written.lsn))
-        d = Durable(idx, folder, wal, lock, written, checkpoint_bytes, checkpoint_seconds,
-                    False)
-        d.lsn = max(written.lsn, last or 0, wal.last_lsn if wal.last_lsn else 0)
-        idx._durable = d
-        if written.name is None or n:  # a new or converted folder, or a replayed log
-            d.checkpoint()
-        idx.recovery = {"replayed": n, "seconds": time.perf_counter() - t0}
-        _sync_written_segments(d)
-        return idx
-    except BaseException:
-        lock.__exit__(None, None, None)
-        raise
-
-
-def _sync_written_segments(d: Durable) -> None:
-    """After a load: the checkpoint's segment files belong to the loaded segments'
-    versions (so an unchanged conversation is not written again)."""
-    if d.written.segments:
-        return
-    name = d.written.name
-    if name is None:
-        return
-    import json
-
-    m = json.loads((d.folder / name).read_text(encoding="utf-8"))
-    by_id = {e["id"]: e for e in m["segments"]}
-    d.written.segments = {s.id: (s.version, by_id[s.id]) for s in d.index.state().segments
-                          if s.id in by_id}
-
-
-def load_memory(cls, path, follow: bool = False):
-    """A memory of a durable folder as its writer last made it durable: the checkpoint
-    and the log after it (the writer keeps writing; :meth:`MemoryIndex.refresh` reads
-    what it adds when ``follow``)."""
-    folder = Path(path)
-    idx, parts = _from_checkpoint(cls, folder)
-    n, last = _replay(idx, WriteAheadLog.read(folder / "wal", parts.written.lsn))
-    if follow:
-        d = Durable(idx, folder, None, None, parts.written, 0, 0.0, True)
-        d.lsn = last if last is not None else parts.written.lsn
-        idx._durable = d
-    return idx
-
+def _new_log(wal: Path, lsn: int) -> WriteAheadLog:
+    """An empty log for a folder of format 1 or 2 (which had none; a stray one is
+    replaced)."""
+    if wal.is_dir():
+        files.remove([p for p in wal.iterdir() if p.suffix == ".log"])
+    return WriteAheadLog.open(wal, after=lsn, create=True, lock=False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -37,25 +38,24 @@ from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
+from .durable import Durable
 from .embed import embed_sessions, encode_unique
-from ..ops.csr import empty_csr
-from ..retrieve.cues.dates import session_days
 from ..retrieve.engine import DEFAULT_METHOD, resolve
 from ..retrieve.graphs import build_graph
 from .meta import BuildParams, ConversationMeta, GraphParams
 from ..retrieve.search import (Retrieval, SearchRequest, SearchResult, question_indices,
                      rank_queries, rank_questions)
-from .segments import (Segment, State, View, local_graph, split_graph, with_segment,
-                       without_segment)
+from .segments import Segment, State, View, split_graph
 from ..retrieve.signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
-from ..storage.records import add_record, as_tensor_rows, forget_record, remove_record
 from ..retrieve.filters import check_metadata
-from .writes import (Encoded, append_session, check_session,
-                     encode_session, grow_graph, session_texts, stored_encoding)
+from .writes import (AddOp, Encoded, ForgetOp, RemoveOp, ReplaceOp, WriteContext,
+                     apply_ops, check_session, encode_session, session_texts,
+                     stored_encoding)
 from .texts import TextTable
 
-__all__ = ["MemoryIndex", "BuildParams", "GraphParams", "EncoderMismatchError"]
+__all__ = ["MemoryIndex", "DurableMemory", "BuildParams", "GraphParams",
+           "EncoderMismatchError"]
 
 
 class EncoderMismatchError(MemgasError, ValueError):
@@ -91,18 +91,42 @@ class MemoryIndex:
                  turn_text: Optional[TextTable] = None, tables: Optional[dict] = None,
                  max_views: int = DEFAULT_MAX_VIEWS, digest: Optional[Tensor] = None,
                  generation: int = 0, segment_days: Optional[list] = None) -> None:
+        dense = dict(tables or {})
+        if concat is not None:
+            dense["concat"] = concat
+        store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest,
+                             generation)
+        offs = conv_offsets.tolist()
+        # segments keep their graphs on the CPU; the first view keeps the tensors given
+        parts = {k: split_graph(ip.cpu(), ix.cpu(), conv_offsets)
+                 for k, (ip, ix) in graphs.items()}
+        segs = [Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates),
+                                         c.session_metadata),
+                        row_slot[offs[i]:offs[i + 1]].clone(),
+                        {k: parts[k][i] for k in parts},
+                        days=segment_days[i] if segment_days is not None else None)
+                for i, c in enumerate(conversations)]
+        q_ids = [conversations[c].id for c in q_conv.tolist()]
+        self._setup(store, segs, questions, q_emb, q_ids, params, config,
+                    frozenset(graphs) | {params.key()}, max_views, graphs=graphs)
+
+    def _setup(self, store: SessionStore, segments: list, questions: list, q_emb: Tensor,
+               q_ids: list, params: GraphParams, config: dict, graph_keys: frozenset,
+               max_views: int = DEFAULT_MAX_VIEWS, graphs: Optional[dict] = None) -> None:
+        """The one assembler of a memory: a store, its conversations' segments (in
+        order), the dataset's questions (``q_ids``: each one's conversation)."""
         ids: dict = {}
-        for i, c in enumerate(conversations):
-            if c.id in ids:
-                raise ValueError(f"conversation id {c.id!r} appears twice (positions "
-                                 f"{ids[c.id]} and {i}): ids must be unique")
-            ids[c.id] = i
+        for i, s in enumerate(segments):
+            if s.id in ids:
+                raise ValueError(f"conversation id {s.id!r} appears twice (positions "
+                                 f"{ids[s.id]} and {i}): ids must be unique")
+            ids[s.id] = i
         self.questions = questions
         self.q_emb = q_emb
         self.params = params
         self.config = config
         #: the folder and version this index was loaded from or last saved to
-        #: (:class:`~memgas_gpu.storage.persist.FolderVersion`), else None
+        #: (:class:`~memgas_gpu.storage.folder.FolderVersion`), else None
         self.folder_version = None
         #: ``{folder: version}`` of every folder this index was loaded from or saved to
         #: (folders absolute, symbolic links resolved); a save into one of them after
@@ -114,32 +138,55 @@ class MemoryIndex:
         self._write_lock = threading.RLock()
         self._save_lock = threading.Lock()  # one save at a time (:meth:`save`)
         self._cache = ViewCache(max_views)
-        dense = dict(tables or {})
-        if concat is not None:
-            dense["concat"] = concat
-        self._store = SessionStore(gran, dense, turns, turn_ptr, turn_text, lexical, digest,
-                                   generation)
-        self._graph_keys = frozenset(graphs) | {params.key()}
-        offs = conv_offsets.tolist()
-        # segments keep their graphs on the CPU; the first view keeps the tensors given
-        parts = {k: split_graph(ip.cpu(), ix.cpu(), conv_offsets)
-                 for k, (ip, ix) in graphs.items()}
-        segs = tuple(
-            Segment(ConversationMeta(c.id, list(c.session_ids), list(c.session_dates),
-                                     c.session_metadata),
-                    row_slot[offs[i]:offs[i + 1]].clone(), {k: parts[k][i] for k in parts},
-                    days=segment_days[i] if segment_days is not None else None)
-            for i, c in enumerate(conversations))
-        self._state = State(segs, ids, self._store.tables())
+        self._store = store
+        self._graph_keys = frozenset(graph_keys)
+        self._state = State(tuple(segments), ids, store.tables())
         self._tip = self._state  # the state writes build on (ahead while logging)
-        self._durable = None  # a Durable when opened on a folder (:meth:`open`)
-        #: the conversation of each dataset question, by id (positions move when a
-        #: conversation is forgotten)
-        self._q_ids = [conversations[c].id for c in q_conv.tolist()]
+        self._q_ids = list(q_ids)
         self._question_conversations = frozenset(self._q_ids)
         # the view of every conversation, with the joined graphs given: nothing is
         # joined again for the first read of the whole index
-        self._view_at(range(len(segs)), self._state, graphs=graphs)
+        self._view_at(range(len(segments)), self._state, graphs=graphs)
+
+    @classmethod
+    def from_parts(cls, parts, max_views: int = DEFAULT_MAX_VIEWS) -> "MemoryIndex":
+        """A memory of what a reader read (a :class:`~memgas_gpu.storage.commit.Parts`,
+        checked by :func:`~memgas_gpu.storage.validate.check_parts`): the one way every
+        folder format becomes a memory."""
+        from ..lexical import LexicalIndex, TermMatrix, Tokenizer
+        from ..lexical.tokenize import Vocabulary
+
+        h, s, q = parts.header, parts.store, parts.questions
+        lexical = None
+        if s["lexical"] is not None:
+            docs, ptr, raw, off = s["lexical"]
+            data, off = raw.numpy().tobytes(), off.tolist()
+            vocab = Vocabulary(data[a:b].decode("utf-8") for a, b in zip(off[:-1], off[1:]))
+            queries = TermMatrix(*q["terms"][:2], q["terms"][2].float())
+            lexical = LexicalIndex(Tokenizer.from_config(h["lexical"]["tokenizer"]), vocab,
+                                   {g: TermMatrix(*v) for g, v in docs.items()}, dict(ptr),
+                                   queries)
+        store = SessionStore(s["gran"].float(), {k: v.float() for k, v in s["dense"].items()},
+                             s["turns"].float() if s["turns"] is not None else None,
+                             s["turn_ptr"], s["turn_text"], lexical, s["digest"],
+                             int(h.get("generation") or 0))
+        segments = [Segment(ConversationMeta(m["id"], list(m["session_ids"]),
+                                             list(m["session_dates"]),
+                                             m.get("session_metadata")),
+                            slots.to(torch.int64), dict(graphs),
+                            days=days.to(torch.float64) if days is not None else None)
+                    for m, slots, days, graphs in parts.segments]
+        questions = [Question(id=r["id"], text=r["text"], type=r["type"], date=r["date"],
+                              answer=r["answer"],
+                              evidence_session_ids=tuple(r["evidence_session_ids"]),
+                              evidence_turn_ids=tuple(r.get("evidence_turn_ids", ())),
+                              is_abstention=r["is_abstention"]) for r in q["records"]]
+        params = GraphParams(**h["params"])
+        idx = cls.__new__(cls)
+        idx._setup(store, segments, questions, q["q_emb"].float(), list(q["conversations"]),
+                   params, h["config"], frozenset(h["graphs"]) | {params.key()}, max_views)
+        idx.signal_modules = dict(h.get("signal_modules") or {})
+        return idx
 
     def __getstate__(self) -> dict:
         """For copies and Ray tasks: the published state, without the lock and the
@@ -147,7 +194,6 @@ class MemoryIndex:
         d = dict(self.__dict__)
         d.pop("_write_lock", None)
         d.pop("_save_lock", None)
-        d["_durable"] = None  # a copy is a memory in RAM, not the folder's writer
         d["_cache"] = self._cache.max_views
         return d
 
@@ -465,12 +511,15 @@ class MemoryIndex:
         return out
 
     def save(self, path, dtype: torch.dtype = torch.float32, **options):
-        """Write the index folder (see ``docs/index-format.md``) from one snapshot (writes
-        running meanwhile are not in it); ``options``: ``force``, ``lock_timeout`` of
-        :func:`~memgas_gpu.storage.persist.save_index`.  ``dtype``: how embeddings are
+        """Write the memory to the folder ``path`` (docs/index-format.md): one complete
+        commit of one snapshot (writes running meanwhile are not in it), the format a
+        memory opened with :meth:`open` keeps, so opening it converts nothing.  An
+        index already there is replaced atomically (readers see the old or the new
+        one).  ``options``: ``force``, ``lock_timeout`` of
+        :func:`~memgas_gpu.storage.folder.save_index`.  ``dtype``: how embeddings are
         stored, ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``, or
         the name of one (``"float16"``); anything else is a TypeError."""
-        from ..storage.persist import save_index
+        from ..storage.folder import save_index
 
         dtype = float_dtype(dtype)
         return save_index(self, path, dtype=dtype, **options)
@@ -481,36 +530,75 @@ class MemoryIndex:
         state at least as new)."""
         return self._save_lock
 
+    def commit_input(self, state: Optional[State] = None, *, canonical: bool = False,
+                     lsn: int = 0, dtype: torch.dtype = torch.float32):
+        """What a commit of ``state`` (default: the current one) writes
+        (:class:`~memgas_gpu.storage.commit.CommitInput`); ``canonical``: as a fresh
+        build of the same sessions would store it (slots in order of first use, only
+        the terms they use: what :meth:`save` writes)."""
+        import dataclasses
+
+        from ..retrieve.signals import custom_signal_modules
+        from ..storage.commit import CommitInput
+
+        st = state or self._state
+        if canonical:
+            view = self.snapshot(st)
+            offs = view.conv_offsets.tolist()
+            segments = [_Stored(s.meta, view.row_slot[offs[i]:offs[i + 1]], s.days,
+                                s.graphs, None) for i, s in enumerate(view.segments)]
+            tables = view.tables
+            keys = self.saved_graph_keys(view)
+        else:
+            segments, tables, keys = st.segments, st.tables, self.graph_keys_of(st)
+        lex = tables.lexical_base
+        header = {"params": dataclasses.asdict(self.params), "config": self.config,
+                  "tables": sorted(tables.dense),
+                  "lexical": lex.describe() if lex is not None else None,
+                  "signal_modules": {**self.signal_modules, **custom_signal_modules()}}
+        if lex is not None:
+            header["lexical"]["n_terms"] = int(tables.n_terms)
+        questions = {"records": [{"id": q.id, "text": q.text, "type": q.type, "date": q.date,
+                                  "answer": q.answer,
+                                  "evidence_session_ids": list(q.evidence_session_ids),
+                                  "evidence_turn_ids": list(q.evidence_turn_ids),
+                                  "is_abstention": q.is_abstention} for q in self.questions],
+                     "conversations": list(self._q_ids), "q_emb": self.q_emb.float(),
+                     "terms": lex.queries if lex is not None else None}
+        return CommitInput(segments, tables, header, frozenset(keys), questions, lsn, dtype)
+
     @classmethod
     def load(cls, path) -> "MemoryIndex":
-        """Read an index folder written by :meth:`save` (or a durable memory's folder,
-        :meth:`open`: as its writer last made it durable), in memory only."""
-        from ..storage.folder import DURABLE_VERSION, folder_version
+        """Read the memory in the folder ``path`` (written by :meth:`save`, ``memgas
+        index`` or a memory opened with :meth:`open`, as its writer last made it
+        durable: its last commit and the log after it), in memory only.  Older folder
+        formats load too (docs/index-format.md).
 
-        if folder_version(path) == DURABLE_VERSION:
-            from .durable import load_memory
-
-            return load_memory(cls, path)
-        from ..storage.persist import load_index
+        Raises:
+            IndexFormatError: not a memory's folder, or a damaged one (one line naming
+                the file and the field or offset).
+        """
+        from ..storage.folder import load_index
 
         return load_index(path, cls)
 
-    # ------------------------------------------------------------------ a folder
     @classmethod
     def open(cls, path, encoder: Any = None, *, readonly: bool = False,
              checkpoint_bytes: Optional[int] = None,
              checkpoint_seconds: Optional[float] = None,
              lock_timeout: float = 0.0) -> "MemoryIndex":
-        """A memory kept in the folder ``path``: every ``add_session``,
-        ``remove_session`` and ``forget_conversation`` is written to the folder's log
-        and synced before it returns, so it survives a crash of the process
-        (docs/failure.md, "A durable memory").
+        """A memory kept in the folder ``path`` (a
+        :class:`~memgas_gpu.memory.durable.DurableMemory`): every ``add_session``,
+        ``add_sessions``, ``replace_session``, ``remove_session`` and
+        ``forget_conversation`` is written to the folder's log and synced before it
+        returns, so it survives a crash of the process (docs/failure.md, "A durable
+        memory").
 
         Creates an empty memory there when the folder does not exist (with ``encoder``,
-        default the bundled one); opens a folder written by :meth:`save` or ``memgas
-        index`` (converted to the durable format by its first checkpoint) or by an
-        earlier ``open``, replaying what its log holds after the last checkpoint.
-        One process writes a folder at a time; any number follow it read-only.
+        default the bundled one); opens a folder written by :meth:`save`, ``memgas
+        index`` or an earlier ``open`` (older formats are converted once, by the first
+        commit), replaying what its log holds after the last commit.  One process writes
+        a folder at a time; any number follow it read-only.
 
         Args:
             encoder: the encoder of new sessions and queries (checked against the one
@@ -519,68 +607,33 @@ class MemoryIndex:
                 reads what the writer added since.
             checkpoint_bytes, checkpoint_seconds: a write runs a checkpoint once the log
                 has grown by this many bytes (default 64 MiB) or this long after the
-                last one (default 300 s); :meth:`close` always does.
+                last one (default 300 s); ``close`` always does.
             lock_timeout: seconds to wait for another writer to close the folder.
 
         Raises:
             IndexLockError: another process has the folder open for writing (naming it).
             IndexFormatError: the folder is not a memory, or is damaged.
+            SettingsError: an option out of its bounds (naming it).
         """
-        from .durable import CHECKPOINT_BYTES, CHECKPOINT_SECONDS, open_memory
-
-        return open_memory(cls, path, encoder=encoder, readonly=readonly,
-                           checkpoint_bytes=CHECKPOINT_BYTES if checkpoint_bytes is None
-                           else checkpoint_bytes,
-                           checkpoint_seconds=CHECKPOINT_SECONDS
-                           if checkpoint_seconds is None else checkpoint_seconds,
-                           lock_timeout=lock_timeout)
+        return DurableMemory.open(path, encoder, readonly=readonly,
+                                  checkpoint_bytes=checkpoint_bytes,
+                                  checkpoint_seconds=checkpoint_seconds,
+                                  lock_timeout=lock_timeout)
 
     @property
     def folder(self) -> Optional[str]:
-        """The folder a memory was opened on (:meth:`open`), else None."""
-        return str(self._durable.folder) if self._durable is not None else None
+        """The folder a memory was opened on (:meth:`open`); None for a memory in RAM."""
+        return None
 
     @property
     def log_stats(self):
-        """The write-ahead log's counters since the memory was opened (``appends``,
-        ``fsyncs``, ``dir_fsyncs``, ``bytes_written``: a
-        :class:`~memgas_gpu.storage.log.WALStats`; fewer fsyncs than appends means
-        writers shared them), or None for a memory in RAM or opened read-only."""
-        d = self._durable
-        return d.wal.stats if d is not None and d.wal is not None else None
-
-    def checkpoint(self) -> None:
-        """Write what the memory holds to its folder (the changed conversations and the
-        new sessions only) and drop the log that covered it.  Runs by itself as the log
-        grows, and on :meth:`close`."""
-        if self._durable is None:
-            raise ValueError("this memory is not opened on a folder (MemoryIndex.open)")
-        self._durable.checkpoint()
-
-    def refresh(self) -> int:
-        """A memory opened read-only: read what its writer made durable since; returns
-        how many writes it applied (-1: it loaded the writer's newer checkpoint)."""
-        d = self._durable
-        if d is None or not d.readonly:
-            raise ValueError("refresh() follows a memory opened with readonly=True")
-        n = d.refresh()
-        if n >= 0:
-            return n
-        from .durable import load_memory
-
-        fresh = load_memory(type(self), d.folder, follow=True)
-        with self._write_lock:
-            stale = [s.version for s in self._state.segments]
-            self._store, self._tip, self._durable = fresh._store, fresh._tip, fresh._durable
-            self._durable.index = self
-            self._publish(fresh._state, stale)
-        return -1
+        """The write-ahead log's counters of a memory opened on a folder; None for a
+        memory in RAM."""
+        return None
 
     def close(self) -> None:
-        """A memory opened on a folder: wait for the writes in flight, checkpoint, and
-        release the folder.  Reads still work afterwards; writes are refused."""
-        if self._durable is not None:
-            self._durable.close()
+        """Nothing to release for a memory in RAM (a memory opened on a folder
+        checkpoints and releases it)."""
 
     def __enter__(self) -> "MemoryIndex":
         return self
@@ -655,36 +708,115 @@ class MemoryIndex:
                 and matched by ``search(..., metadata=...)``.
 
         Raises:
-            TypeError, ValueError: a malformed id, session, text or metadata (nothing
-                changed).
+            TypeError, ValueError: a malformed id, session, text or metadata, or a
+                session id the conversation has (nothing changed).
+        """
+        self.add_sessions(conversation_id, [session], summaries=[summary],
+                          keywords=[keywords], metadata=[metadata], encoder=encoder)
+
+    def add_sessions(self, conversation_id: str, sessions: Sequence[Session], *,
+                     summaries: Optional[Sequence] = None,
+                     keywords: Optional[Sequence] = None,
+                     metadata: Optional[Sequence] = None, encoder: Any = None) -> None:
+        """Append several sessions to a conversation as one write: all of them or none
+        (every one is checked, the new ones encoded together, then all are linked in
+        order and published at once; on a memory opened on a folder they are one log
+        record, so a crash leaves all of them or none).  Equals ``add_session`` of each
+        in order.
+
+        Args:
+            sessions: the new sessions, in order (ids distinct, none the conversation
+                holds).
+            summaries, keywords, metadata: one per session (None: as ``add_session``).
+
+        Raises:
+            TypeError, ValueError: a malformed argument, two sessions of one id, or a
+                session id the conversation holds (nothing changed).
+        """
+        sessions = list(sessions) if not isinstance(sessions, Session) else [sessions]
+        n = len(sessions)
+        per = {}
+        for name, values in (("summaries", summaries), ("keywords", keywords),
+                             ("metadata", metadata)):
+            values = [None] * n if values is None else list(values)
+            if len(values) != n:
+                raise ValueError(f"{name}: {len(values)} values for {n} sessions")
+            per[name] = values
+        seen = set()
+        for s, u, k in zip(sessions, per["summaries"], per["keywords"]):
+            check_session(conversation_id, s, u, k)
+            if s.id in seen:
+                raise ValueError(f"session id {s.id!r} appears twice in one write; nothing "
+                                 "was added")
+            seen.add(s.id)
+        mds = [check_metadata(m) for m in per["metadata"]]
+        require_encoder(encoder)
+        texts = [session_texts(s, u, k) for s, u, k in
+                 zip(sessions, per["summaries"], per["keywords"])]
+        fresh = self._encode_new(conversation_id, sessions, texts, encoder)
+        self._write(lambda st: [self._add_op(st, conversation_id, s, u, k, m, f, encoder)
+                                for s, (u, k), m, f in zip(sessions, texts, mds, fresh)])
+
+    def replace_session(self, conversation_id: str, session: Session, *,
+                        summary: Optional[str] = None, keywords: Optional[str] = None,
+                        encoder: Any = None, metadata: Optional[dict] = None) -> None:
+        """Replace the session of ``session.id`` of a conversation by ``session`` (its
+        turns, date, texts and metadata), in its place, as one write: the memory equals
+        a build with the new session where the old one was (the conversation's graphs
+        are rebuilt; costs what this conversation costs).
+
+        Raises:
+            KeyError: an unknown conversation or session id.
+            TypeError, ValueError: a malformed argument (nothing changed).
         """
         check_session(conversation_id, session, summary, keywords)
-        metadata = check_metadata(metadata)
+        md = check_metadata(metadata)
         require_encoder(encoder)
         summary, keywords = session_texts(session, summary, keywords)
-        fresh = self._encode_if_new(conversation_id, session, summary, keywords, encoder)
-        self._write(lambda st: self._add(st, conversation_id, session, summary, keywords,
-                                         encoder=encoder, metadata=metadata, fresh=fresh))
+        fresh = self._encode_new(conversation_id, [session], [(summary, keywords)], encoder,
+                                 replace=True)[0]
 
-    def _encode_if_new(self, conversation_id: str, session: Session, summary: str,
-                       keywords: str, encoder: Any) -> Optional[Encoded]:
-        """The embeddings of a session the store does not hold yet, encoded outside the
-        write lock (so that concurrent writers encode at once and share their log
-        fsyncs); None when the store holds it (it is shared, not encoded again) or the
-        conversation has the session already (:meth:`_add` refuses it)."""
-        digest = session_digest(session, summary, keywords)
+        def change(st):
+            op = self._add_op(st, conversation_id, session, summary, keywords, md, fresh,
+                              encoder)
+            return [ReplaceOp(op.conversation_id, op.session, op.summary, op.keywords,
+                              op.encoded, op.metadata)]
+
+        self._write(change)
+
+    def _add_op(self, st: State, conversation_id: str, session: Session, summary: str,
+                keywords: str, metadata: dict, fresh: Optional[Encoded],
+                encoder: Any) -> AddOp:
+        """The add of ``session`` with its embeddings: ``fresh`` (encoded before the
+        lock), the store's when it holds the session, else encoded now."""
+        encoded = fresh
+        if encoded is None:
+            slot = self._store.find(session_digest(session, summary, keywords))
+            encoded = (stored_encoding(st.tables, slot) if slot is not None else
+                       encode_session(self._store, session, summary, keywords,
+                                      self.query_encoder(encoder), self.dim))
+        return AddOp(conversation_id, session, summary, keywords, encoded, metadata)
+
+    def _encode_new(self, conversation_id: str, sessions: list, texts: list, encoder: Any,
+                    replace: bool = False) -> list:
+        """The embeddings of the sessions the store does not hold yet, encoded outside
+        the write lock (so that concurrent writers encode at once and share their log
+        fsyncs); None for one the store holds (it is shared, not encoded again), or that
+        the conversation has already (the write refuses it) unless ``replace``."""
         with self._write_lock:
-            if self._durable is not None:
-                self._durable.check_writable()
+            self._check_writable()
             st = self._tip
-            ci = st.ids.get(conversation_id)
-            if ci is not None and session.id in st.segments[ci].meta.session_ids:
-                return None
             self._store.track(st.segments)
-            if self._store.find(digest) is not None:
-                return None
-        return encode_session(self._store, session, summary, keywords,
-                              self.query_encoder(encoder), self.dim)
+            ci = st.ids.get(conversation_id)
+            held = set(st.segments[ci].meta.session_ids) if ci is not None else set()
+            want = [not ((s.id in held and not replace)
+                         or self._store.find(session_digest(s, u, k)) is not None)
+                    for s, (u, k) in zip(sessions, texts)]
+        if not any(want):
+            return [None] * len(sessions)
+        enc = self.query_encoder(encoder)
+        return [encode_session(self._store, s, u, k, enc, self.dim) if w else None
+                for s, (u, k), w in zip(sessions, texts, want)]
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.
@@ -699,7 +831,7 @@ class MemoryIndex:
         Raises:
             KeyError: unknown conversation or session id.
         """
-        self._write(lambda st: self._remove(st, conversation_id, session_id))
+        self._write(lambda st: [RemoveOp(conversation_id, session_id)])
 
     def forget_conversation(self, conversation_id: str) -> None:
         """Forget a conversation: every session of it, and the conversation itself (it
@@ -712,18 +844,15 @@ class MemoryIndex:
             ValueError: the dataset's evaluation questions ask about it (rebuild the
                 index without the conversation instead).
         """
-        self._write(lambda st: self._forget(st, conversation_id))
+        self._write(lambda st: [ForgetOp(conversation_id)])
 
     def compact(self) -> int:
         """Drop the stored sessions no conversation uses any more (removed ones) now,
-        instead of when they outnumber the live ones; returns how many were dropped.
-        Costs a copy of every live session's data.  On a memory opened on a folder, a
-        checkpoint follows and the log is emptied, so that no file of the folder holds
-        the removed sessions' texts or embeddings any more."""
-        d = self._durable
+        instead of when they outnumber half the stored ones; returns how many were
+        dropped.  Costs a copy of every live session's data.  On a memory opened on a
+        folder, a full commit follows and the log is emptied, so that no file of the
+        folder holds the removed sessions' texts or embeddings any more."""
         with self._write_lock:
-            if d is not None:
-                d.drain()
             st = self._tip
             self._store.track(st.segments)
             dropped = self._store.garbage
@@ -731,176 +860,65 @@ class MemoryIndex:
                 new, gone = self._compact(st)
                 self._tip = new
                 self._publish(new, gone)
-        if d is not None:
-            d.compacted()
         return dropped
 
+    def _context(self) -> WriteContext:
+        return WriteContext(self.params, self.dim, self._question_conversations,
+                            self.graph_keys_of)
+
     def _write(self, change) -> None:
-        """Apply ``change(tip) -> (state, stale, record)`` under the write lock and
-        publish the state (None: nothing to do); on a memory opened on a folder, the
-        record is logged, synced, and only then the state published, in log order."""
-        d = self._durable
+        """One write: ``change(tip)`` gives its operations (built under the write lock,
+        on the state writes build on), applied all or none; then :meth:`_commit` makes
+        it happen (in RAM: published at once)."""
         with self._write_lock:
-            if d is not None:
-                d.check_writable()
-            new, stale, record = change(self._tip)
-            if new is None:
+            self._check_writable()
+            st = self._tip
+            self._store.track(st.segments)
+            ops = change(st)
+            new, stale = apply_ops(self._store, st, ops, self._context())
+            if new is st:
                 return
-            if d is None:
-                self._tip = new
-                self._publish(new, stale)
-                return
-            ticket = d.submit(record, new, stale)
+            if self._store.wants_compaction():
+                new, gone = self._compact(new)
+                stale = [*stale, *gone]
             self._tip = new
-        d.commit(ticket)
+            done = self._commit(ops, new, stale)
+        if done is not None:
+            done()
 
-    def _add(self, st: State, conversation_id: str, session: Session, summary, keywords,
-             encoder: Any = None, encoded: Optional[Encoded] = None,
-             replay: bool = False, metadata: Optional[dict] = None,
-             fresh: Optional[Encoded] = None):
-        """``(state, stale, record)`` of adding ``session`` to ``st`` (``encoded``: its
-        embeddings from a log record; ``fresh``: encoded before the lock was taken, used
-        unless the store holds the session by now; else encoded here; ``replay``: a
-        session already there with the same content is skipped)."""
-        ci = st.ids.get(conversation_id)
-        old = st.segments[ci] if ci is not None else None
-        if encoded is None and fresh is None:
-            enc = self.query_encoder(encoder)
-        summary, keywords = session_texts(session, summary, keywords)
-        digest = session_digest(session, summary, keywords)
-        store = self._store
-        store.track(st.segments)
-        if old is not None and session.id in old.meta.session_ids:
-            if replay:
-                j = old.meta.session_ids.index(session.id)
-                if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest:
-                    return None, (), None  # already there: a replayed record
-            raise ValueError(f"conversation {conversation_id!r} already has a session "
-                             f"{session.id!r}")
-        mark = store.mark()
-        slot = store.find(digest)
-        shared = slot is not None
-        try:
-            if shared:
-                store.ref(slot)
-                if encoded is None:
-                    encoded = stored_encoding(st.tables, slot)
-            else:
-                if encoded is None:
-                    encoded = fresh if fresh is not None else \
-                        encode_session(store, session, summary, keywords, enc, self.dim)
-                slot = append_session(store, session, summary, keywords, encoded, digest)
-            tables = store.tables()
-            slots = torch.cat([old.slots if old is not None
-                               else torch.zeros(0, dtype=torch.long),
-                               torch.tensor([slot])])
-            keys = old.graphs.keys() if old is not None else self.graph_keys_of(st)
-            graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
-                                    tables.gran[slots],
-                                    GraphParams.from_key(k, self.params)) for k in keys}
-            record = (add_record(conversation_id, session, summary, keywords, encoded,
-                                 metadata)
-                      if self._durable is not None and not replay else None)
-        except BaseException:  # no published state refers to what changed: undo it
-            if shared:
-                store.unref(slot, undo=True)
-            else:
-                store.rollback(mark)
-            raise
-        meta = ConversationMeta(conversation_id,
-                                [*(old.meta.session_ids if old else ()), session.id],
-                                [*(old.meta.session_dates if old else ()), session.date],
-                                _with_metadata(old.meta if old else None,
-                                               old.n if old else 0, metadata))
-        days = torch.cat([old.days if old is not None
-                          else torch.zeros(0, dtype=torch.float64),
-                          session_days([session.date])])
-        seg = Segment(meta, slots, graphs, days=days)
-        new = with_segment(st, len(st.segments) if ci is None else ci, seg, tables)
-        return new, [old.version] if old is not None else [], record
+    def _check_writable(self) -> None:
+        """Refuse a write before anything is done (a memory in RAM takes every write)."""
 
-    def _remove(self, st: State, conversation_id: str, session_id: str,
-                replay: bool = False):
-        ci = st.ids.get(conversation_id)
-        if ci is None or session_id not in st.segments[ci].meta.session_ids:
-            if replay:
-                return None, (), None
-            if ci is None:
-                raise KeyError(f"no conversation {conversation_id!r} in this index")
-            raise KeyError(f"conversation {conversation_id!r} has no session "
-                           f"{session_id!r}")
-        old = st.segments[ci]
-        j = old.meta.session_ids.index(session_id)
-        keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
-        t = st.tables
-        graphs = {k: local_graph(t.gran[keep].reshape(-1, self.dim), keep.numel(),
-                                 GraphParams.from_key(k, self.params))
-                  for k in old.graphs}
-        ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
-        del ids[j], dates[j]
-        md = None
-        if old.meta.session_metadata:
-            md = list(old.meta.session_metadata)
-            del md[j]
-            md = md if any(md) else None
-        record = (remove_record(conversation_id, session_id)
-                  if self._durable is not None and not replay else None)
-        store = self._store
-        store.track(st.segments)
-        store.unref(int(old.slots[j]))
-        days = torch.cat([old.days[:j], old.days[j + 1:]])
-        seg = Segment(ConversationMeta(conversation_id, ids, dates, md), keep, graphs,
-                      days=days)
-        new = with_segment(st, ci, seg, st.tables)
-        stale = [old.version]
-        if store.wants_compaction():
-            new, gone = self._compact(new)
-            stale += gone
-        return new, stale, record
+    def _commit(self, ops: list, state: State, stale: Sequence[int]):
+        """Make a write happen, under the write lock (so in write order): a memory in RAM
+        publishes ``state`` at once.  Returns what to run once the lock is released
+        (None: nothing): a memory on a folder waits there for its log record's fsync,
+        shared with other writers."""
+        self._publish(state, stale)
+        return None
 
-    def _forget(self, st: State, conversation_id: str, replay: bool = False):
-        ci = st.ids.get(conversation_id)
-        if ci is None:
-            if replay:
-                return None, (), None
-            raise KeyError(f"no conversation {conversation_id!r} in this index")
-        if conversation_id in self._question_conversations:
-            raise ValueError(f"conversation {conversation_id!r} holds evaluation questions "
-                             "of the dataset; rebuild the index without it instead")
-        old = st.segments[ci]
-        record = (forget_record(conversation_id)
-                  if self._durable is not None and not replay else None)
-        store = self._store
-        store.track(st.segments)
-        for slot in old.slots.tolist():
-            store.unref(slot)
-        new = without_segment(st, ci, st.tables)
-        stale = [old.version]
-        if store.wants_compaction():
-            new, gone = self._compact(new)
-            stale += gone
-        return new, stale, record
-
-    def _apply(self, record) -> bool:
-        """Apply a log record (recovery, a reader's refresh) to the current state and
-        publish it; False when it was there already."""
+    def _replay(self, ops: list) -> bool:
+        """Apply a log record's operations again (recovery, a reader following the
+        writer) and publish the state; False when it was there already."""
         with self._write_lock:
             st = self._tip
-            if record.op == "add":
-                new, stale, _ = self._add(st, record.conversation_id, record.session,
-                                          record.summary, record.keywords,
-                                          encoded=as_tensor_rows(record.encoded), replay=True,
-                                          metadata=record.metadata)
-            elif record.op == "remove":
-                new, stale, _ = self._remove(st, record.conversation_id, record.session_id,
-                                             replay=True)
-            else:
-                new, stale, _ = self._forget(st, record.conversation_id, replay=True)
-            if new is None:
+            new, stale = apply_ops(self._store, st, ops, self._context(), replay=True)
+            if new is st:
                 return False
+            if self._store.wants_compaction():
+                new, gone = self._compact(new)
+                stale = [*stale, *gone]
             self._tip = new
             self._publish(new, stale)
             return True
+
+    def _reset(self, other: "MemoryIndex") -> None:
+        """Take ``other``'s store and state (a follower that read a newer commit) and
+        publish them: readers see the old or the new memory."""
+        with self._write_lock:
+            stale = [s.version for s in self._state.segments]
+            self._store, self._tip = other._store, other._state
+            self._publish(other._state, stale)
 
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:
@@ -987,13 +1005,30 @@ class MemoryIndex:
         return self._state.position(conversation_id)
 
 
-def _with_metadata(meta: Optional[ConversationMeta], n: int, metadata: Optional[dict]):
-    """The session metadata list after appending a session with ``metadata`` to a
-    conversation of ``n`` sessions (None while no session has any)."""
-    old = meta.session_metadata if meta is not None else None
-    if not metadata and not old:
-        return None
-    return [*(old if old else [{}] * n), dict(metadata or {})]
+class DurableMemory(Durable, MemoryIndex):
+    """A memory kept in a folder (:meth:`MemoryIndex.open`): the same methods as
+    :class:`MemoryIndex`, every write logged and synced before it returns, checkpoints,
+    recovery, compaction that deletes, read-only followers (``refresh``); see
+    :mod:`memgas_gpu.memory.durable`.  Thread-safe; one writer process per folder, any
+    number of followers.  A copy (``copy.copy``, pickling for Ray) is a plain
+    :class:`MemoryIndex` in RAM."""
+
+    _plain = MemoryIndex
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A conversation as a commit stores it (a canonical snapshot's renumbered slots)."""
+
+    meta: ConversationMeta
+    slots: Tensor
+    days: Tensor
+    graphs: dict
+    version: Optional[int]
+
+    @property
+    def n(self) -> int:
+        return int(self.slots.numel())
 
 
 def _encoder_source(encoder) -> Optional[dict]:

@@ -283,6 +283,7 @@ class SessionStore:
                        for g in lexical.docs} if lexical is not None else None)
         self._refs: Optional[list] = None
         self._by_digest: Optional[dict] = None
+        self._journal: list = []  # (slot, None: ref | dropped digest: unref) since mark()
         self.garbage = 0
 
     @property
@@ -330,18 +331,19 @@ class SessionStore:
 
     def ref(self, slot: int) -> None:
         self._refs[slot] += 1
+        self._journal.append((slot, None))
 
-    def unref(self, slot: int, undo: bool = False) -> None:
-        """One row less refers to ``slot`` (``undo``: take back a :meth:`ref` of a write
-        that failed; the slot was live before it, so it stays findable)."""
+    def unref(self, slot: int) -> None:
+        """One row less refers to ``slot`` (a slot no row refers to is garbage)."""
         self._refs[slot] -= 1
-        if undo:
-            return
+        dropped = False
         if self._refs[slot] == 0:
             self.garbage += 1
             d = self.digest.buf[slot].numpy().tobytes()
             if self._by_digest.get(d) == slot:
                 del self._by_digest[d]
+                dropped = True
+        self._journal.append((slot, dropped))
 
     def _growables(self) -> list:
         out = [self.gran, self.digest, *self.dense.values()]
@@ -355,14 +357,26 @@ class SessionStore:
         return out
 
     def mark(self) -> tuple:
-        """Where every buffer and the vocabulary end now (:meth:`rollback` returns to
-        it)."""
+        """Where every buffer and the vocabulary end now, and the references as they are
+        (:meth:`rollback` returns to it; one write at a time: the writer's lock)."""
+        self._journal = []
         return (tuple(g.n for g in self._growables()),
                 len(self.lexical.vocab) if self.lexical is not None else 0)
 
     def rollback(self, mark: tuple) -> None:
-        """Forget the slots appended and the terms added since :meth:`mark` (a write that
-        failed after appending: no published state refers to them)."""
+        """Forget the slots appended, the terms added and the references taken or
+        dropped since :meth:`mark` (a write that failed: no published state refers to
+        them)."""
+        for slot, dropped in reversed(self._journal):
+            if dropped is None:  # a reference taken
+                self._refs[slot] -= 1
+                continue
+            if self._refs[slot] == 0:
+                self.garbage -= 1
+            self._refs[slot] += 1
+            if dropped:
+                self._by_digest[self.digest.buf[slot].numpy().tobytes()] = slot
+        self._journal = []
         sizes, n_terms = mark
         n_slots = sizes[0]
         for g, n in zip(self._growables(), sizes):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -11,14 +12,16 @@ from .._io import find_surrogate
 from ..data.model import Session
 from ..granularity import CODES, N_GRAN
 from .embed import encode_unique
-from ..ops.csr import csr_edges
+from ..ops.csr import csr_edges, empty_csr
 from ..retrieve.filters import check_date
 from ..retrieve.graphs import candidates
 from ..retrieve.params import GraphParams
 from ..retrieve.signals import signal_texts
+from .store import session_digest
 
 __all__ = ["check_session", "session_texts", "Encoded", "encode_session",
-           "stored_encoding", "append_session", "grow_graph"]
+           "stored_encoding", "append_session", "grow_graph", "AddOp", "ReplaceOp",
+           "RemoveOp", "ForgetOp", "Op", "WriteContext", "apply_ops"]
 
 
 def check_session(conversation_id, session, summary, keywords) -> None:
@@ -83,6 +86,43 @@ def _check_registered(store) -> tuple[dict, dict]:
                          "signals are not registered in this process: register them before "
                          "adding sessions")
     return dense_fn, lexical_fn
+
+
+@dataclass(frozen=True)
+class AddOp:
+    """Append ``session`` (with its texts and embeddings) to a conversation (created
+    when new)."""
+
+    conversation_id: str
+    session: Session
+    summary: str
+    keywords: str
+    encoded: Encoded
+    metadata: Optional[dict] = None
+
+
+@dataclass(frozen=True)
+class ReplaceOp(AddOp):
+    """Replace the session of the same id of a conversation, in its place."""
+
+
+@dataclass(frozen=True)
+class RemoveOp:
+    """Forget one session of a conversation."""
+
+    conversation_id: str
+    session_id: str
+
+
+@dataclass(frozen=True)
+class ForgetOp:
+    """Forget a conversation and every session of it."""
+
+    conversation_id: str
+
+
+#: one operation of a write (a write is one or more, applied all or none)
+Op = Union[AddOp, ReplaceOp, RemoveOp, ForgetOp]
 
 
 def encode_session(store, session: Session, summary: str, keywords: str, enc,
@@ -158,3 +198,196 @@ def grow_graph(graph, gran: Tensor, p: GraphParams):
                                 accept="gmm" if gmm else "all",
                                 first_node=(n - 1) * N_GRAN).cpu()
     return ops.symmetric_csr(torch.cat([csr_edges(*graph), new], dim=1), n * N_GRAN)
+
+
+# ---------------------------------------------------------------------------- applying
+@dataclass(frozen=True)
+class WriteContext:
+    """What applying a write needs of its memory: the graph settings (``params``), the
+    embedding size, the conversations holding the dataset's questions (never
+    forgotten), and the graph settings a new conversation gets (``graph_keys(state)``)."""
+
+    params: GraphParams
+    dim: int
+    protected: frozenset
+    graph_keys: object
+
+
+def _with_metadata(meta, n: int, metadata: Optional[dict]):
+    """The session metadata list after appending a session with ``metadata`` to a
+    conversation of ``n`` sessions (None while no session has any)."""
+    old = meta.session_metadata if meta is not None else None
+    if not metadata and not old:
+        return None
+    return [*(old if old else [{}] * n), dict(metadata or {})]
+
+
+def _slot_for(store, st, op) -> tuple[int, bool]:
+    """The slot of ``op``'s session content: shared (one more reference) when the store
+    holds it, else appended; and whether it was shared."""
+    digest = session_digest(op.session, op.summary, op.keywords)
+    slot = store.find(digest)
+    if slot is not None:
+        store.ref(slot)
+        return slot, True
+    return append_session(store, op.session, op.summary, op.keywords,
+                          op.encoded, digest), False
+
+
+def _add(store, st, op, ctx: WriteContext, replay: bool):
+    from .meta import ConversationMeta
+    from .segments import Segment, with_segment
+
+    cid = op.conversation_id
+    ci = st.ids.get(cid)
+    old = st.segments[ci] if ci is not None else None
+    if old is not None and op.session.id in old.meta.session_ids:
+        if replay:
+            j = old.meta.session_ids.index(op.session.id)
+            digest = session_digest(op.session, op.summary, op.keywords)
+            if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest:
+                return st, []  # already there: a replayed record
+        raise ValueError(f"conversation {cid!r} already has a session {op.session.id!r}")
+    slot, _ = _slot_for(store, st, op)
+    tables = store.tables()
+    slots = torch.cat([old.slots if old is not None else torch.zeros(0, dtype=torch.long),
+                       torch.tensor([slot])])
+    keys = old.graphs.keys() if old is not None else ctx.graph_keys(st)
+    graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
+                            tables.gran[slots], GraphParams.from_key(k, ctx.params))
+              for k in keys}
+    meta = ConversationMeta(cid, [*(old.meta.session_ids if old else ()), op.session.id],
+                            [*(old.meta.session_dates if old else ()), op.session.date],
+                            _with_metadata(old.meta if old else None, old.n if old else 0,
+                                           op.metadata))
+    from ..retrieve.cues.dates import session_days
+
+    days = torch.cat([old.days if old is not None else torch.zeros(0, dtype=torch.float64),
+                      session_days([op.session.date])])
+    seg = Segment(meta, slots, graphs, days=days)
+    new = with_segment(st, len(st.segments) if ci is None else ci, seg, tables)
+    return new, [old.version] if old is not None else []
+
+
+def _rebuilt(st, old, meta, slots, days, ctx: WriteContext, tables):
+    """A segment of ``old``'s conversation with other sessions: every graph rebuilt."""
+    from .segments import Segment, local_graph
+
+    graphs = {k: local_graph(tables.gran[slots].reshape(-1, ctx.dim), slots.numel(),
+                             GraphParams.from_key(k, ctx.params)) for k in old.graphs}
+    return Segment(meta, slots, graphs, days=days)
+
+
+def _remove(store, st, op, ctx: WriteContext, replay: bool):
+    from .meta import ConversationMeta
+    from .segments import with_segment
+
+    cid, sid = op.conversation_id, op.session_id
+    ci = st.ids.get(cid)
+    if ci is None or sid not in st.segments[ci].meta.session_ids:
+        if replay:
+            return st, []
+        if ci is None:
+            raise KeyError(f"no conversation {cid!r} in this index")
+        raise KeyError(f"conversation {cid!r} has no session {sid!r}")
+    old = st.segments[ci]
+    j = old.meta.session_ids.index(sid)
+    keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
+    ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
+    del ids[j], dates[j]
+    md = None
+    if old.meta.session_metadata:
+        md = list(old.meta.session_metadata)
+        del md[j]
+        md = md if any(md) else None
+    store.unref(int(old.slots[j]))
+    days = torch.cat([old.days[:j], old.days[j + 1:]])
+    seg = _rebuilt(st, old, ConversationMeta(cid, ids, dates, md), keep, days, ctx, st.tables)
+    return with_segment(st, ci, seg, st.tables), [old.version]
+
+
+def _replace(store, st, op, ctx: WriteContext, replay: bool):
+    from .meta import ConversationMeta
+    from .segments import with_segment
+
+    cid, sid = op.conversation_id, op.session.id
+    ci = st.ids.get(cid)
+    if ci is None or sid not in st.segments[ci].meta.session_ids:
+        if ci is None:
+            raise KeyError(f"no conversation {cid!r} in this index")
+        raise KeyError(f"conversation {cid!r} has no session {sid!r}")
+    old = st.segments[ci]
+    j = old.meta.session_ids.index(sid)
+    digest = session_digest(op.session, op.summary, op.keywords)
+    md_old = old.meta.metadata(j)
+    if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest \
+            and old.meta.session_dates[j] == op.session.date and md_old == (op.metadata or {}):
+        return st, []  # the same session: nothing changes (a replayed record too)
+    slot, _ = _slot_for(store, st, op)
+    store.unref(int(old.slots[j]))
+    tables = store.tables()
+    slots = old.slots.clone()
+    slots[j] = slot
+    dates = list(old.meta.session_dates)
+    dates[j] = op.session.date
+    md = list(old.meta.session_metadata) if old.meta.session_metadata \
+        else [{} for _ in dates]
+    md[j] = dict(op.metadata or {})
+    from ..retrieve.cues.dates import session_days
+
+    days = old.days.clone()
+    days[j] = session_days([op.session.date])[0]
+    seg = _rebuilt(st, old, ConversationMeta(cid, list(old.meta.session_ids), dates,
+                                             md if any(md) else None),
+                   slots, days, ctx, tables)
+    return with_segment(st, ci, seg, tables), [old.version]
+
+
+def _forget(store, st, op, ctx: WriteContext, replay: bool):
+    from .segments import without_segment
+
+    cid = op.conversation_id
+    ci = st.ids.get(cid)
+    if ci is None:
+        if replay:
+            return st, []
+        raise KeyError(f"no conversation {cid!r} in this index")
+    if cid in ctx.protected:
+        raise ValueError(f"conversation {cid!r} holds evaluation questions of the dataset; "
+                         "rebuild the index without it instead")
+    old = st.segments[ci]
+    for slot in old.slots.tolist():
+        store.unref(slot)
+    return without_segment(st, ci, st.tables), [old.version]
+
+
+def apply_ops(store, st, ops, ctx: WriteContext, replay: bool = False):
+    """The state after the operations ``ops`` (one write: all of them or none) on ``st``,
+    and the segment versions they replaced; the store's appends and references are
+    undone when one fails (no published state refers to them).  ``replay``: a log
+    record applied again (an add already there, a remove or forget of what is gone,
+    change nothing).
+
+    Raises:
+        KeyError, ValueError: an operation that cannot apply (nothing changed).
+    """
+    store.track(st.segments)
+    mark = store.mark()
+    stale: list = []
+    try:
+        for op in ops:
+            if isinstance(op, ReplaceOp):
+                st, gone = _replace(store, st, op, ctx, replay)
+            elif isinstance(op, AddOp):
+                st, gone = _add(store, st, op, ctx, replay)
+            elif isinstance(op, RemoveOp):
+                st, gone = _remove(store, st, op, ctx, replay)
+            elif isinstance(op, ForgetOp):
+                st, gone = _forget(store, st, op, ctx, replay)
+            else:
+                raise TypeError(f"not a memory operation: {type(op).__name__}")
+            stale += gone
+    except BaseException:
+        store.rollback(mark)
+        raise
+    return st, stale

@@ -43,36 +43,25 @@ class MemoryCalls:
             raise NotFound("conversation") from None
 
     def add_sessions(self, cid: str, items: list) -> list:
-        """Add the parsed sessions ``items`` (:func:`.protocol.parse_sessions`) in order;
-        every one is checked (and ids already in the conversation refused) before any
-        is added."""
-        from ..memory.writes import check_session
-        from ..retrieve.filters import check_metadata
-
-        for it in items:
-            check_session(cid, it["session"], it["summary"], it["keywords"])
-            check_metadata(it["metadata"])
+        """Add the parsed sessions ``items`` (:func:`.protocol.parse_sessions`) as one
+        write of the memory (``add_sessions``): every one is checked, and all are added
+        or none (a session id already in the conversation refuses the whole batch, also
+        when another batch took it meanwhile, and a crash leaves all or none)."""
+        sessions = [it["session"] for it in items]
         try:
-            have = {s["id"] for s in self.memory.sessions(cid)}
-        except KeyError:
-            have = set()
-        taken = [it["session"].id for it in items if it["session"].id in have]
-        if taken:
-            raise Conflict(f"already has a session {taken[0]!r}")
-        out = []
-        for it in items:
-            s = it["session"]
-            try:
-                self.memory.add_session(cid, s, summary=it["summary"],
-                                        keywords=it["keywords"], metadata=it["metadata"],
-                                        encoder=self.encoder)
-            except ValueError:
-                if any(x["id"] == s.id for x in self._safe_sessions(cid)):
-                    raise Conflict(f"already has a session {s.id!r} (added meanwhile)") \
-                        from None
-                raise
-            out.append({"id": s.id, "date": s.date, "turns": len(s.turns)})
-        return out
+            self.memory.add_sessions(cid, sessions,
+                                     summaries=[it["summary"] for it in items],
+                                     keywords=[it["keywords"] for it in items],
+                                     metadata=[it["metadata"] for it in items],
+                                     encoder=self.encoder)
+        except ValueError as e:
+            have = {x["id"] for x in self._safe_sessions(cid)}
+            taken = [s.id for s in sessions if s.id in have]
+            if taken:
+                raise Conflict(f"already has a session {taken[0]!r}; nothing of this "
+                               "request was added") from None
+            raise
+        return [{"id": s.id, "date": s.date, "turns": len(s.turns)} for s in sessions]
 
     def _safe_sessions(self, cid: str) -> list:
         try:

@@ -1,82 +1,289 @@
-"""Checkpoints of a durable memory: the index folder format 3 (docs/index-format.md).
+"""The commit format of a memory's folder (format 4): what a checkpoint of an opened
+memory writes and what ``save`` writes, read back by every reader
+(docs/index-format.md).
 
-A checkpoint is what a memory opened on a folder holds at one log sequence number
-(LSN), in files that each cost what they hold:
+A folder::
 
-* ``data/store-<uuid>.safetensors``: a *chunk* of the session store, the slots
-  ``[a, b)`` appended since the previous chunk (embeddings, digests, turn embeddings and
-  texts, lexical documents) and the vocabulary terms added with them;
-* ``data/seg-<uuid>.safetensors``: one conversation (its session ids, dates, slots,
-  parsed days and association graphs);
-* ``data/base-<uuid>.safetensors``: the dataset's questions (embeddings and terms);
-* ``ckpt-<uuid>.json``: the checkpoint's manifest (settings, configuration, questions,
-  and the files above with their CRC-32), named by the folder's pointer
-  ``manifest.json`` (format 3).
+    DIR/manifest.json      the pointer: {"format", "version": 4, "commit", "root"}
+    DIR/.lock              the writer's lock (:mod:`.lock`)
+    DIR/data/00000001.pack append-only files of blobs (a commit appends to the last one)
+    DIR/wal/               the write-ahead log (:mod:`.log`): records after the commit
 
-A checkpoint after some writes writes the changed conversations' segment files, one
-chunk of the new slots and a manifest: never the other conversations.  After a
-compaction renumbered the slots, every file is written again.  Files are written
-beside the current ones, synced, and made current by one replacement of the pointer;
-files no checkpoint names are removed afterwards.
+A **blob** is a run of bytes in a pack, named by a *ref* ``[pack, offset, length,
+crc32]``; a commit's blobs are never changed once written, and a reader checks each
+blob's CRC-32.  The **root** (a JSON blob the pointer names) holds the settings, the
+log sequence number (LSN) the commit covers, the store's chunks, the questions' blob,
+and the two-level **directory** of conversations: 64 first-level pages of 64 leaves
+each, a conversation in the leaf its id hashes to (BLAKE2b), each leaf listing its
+conversations' entries ``[id, ordinal, pack, offset, length, crc32, sessions]`` (the
+ordinal keeps the memory's order).  A conversation's **segment** is one safetensors
+blob (session ids, dates and metadata; slots, parsed dates, association graphs); a
+**chunk** of the session store holds the slots ``[a, b)`` (embeddings, digests, turn
+embeddings and texts, lexical documents and the vocabulary terms added with them).
+
+A **commit** after some writes appends to the last pack: the changed conversations'
+segments, their leaves and first-level pages, a chunk of the new slots (chunks merged
+eight at a time, so there are few and each slot is rewritten a logarithmic number of
+times), the root; fsyncs the pack; then replaces the pointer (a temporary file,
+fsync'd, renamed, the folder fsync'd).  So a commit writes what changed plus a bounded
+path of pages, whatever the number of conversations.  A *full* commit (``save``, a
+compaction, a folder converted, or when superseded blobs outweigh the live ones) writes
+everything to a new pack, and the packs it replaced are removed once the pointer names
+it.  A crash leaves the previous commit current: bytes past the pointer's commit are
+cut off by the next writer.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
-import uuid
+import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from .._io import atomic_write, fsync_dir, json_loads
+from .._io import json_loads
+from . import files
 from .validate import IndexFormatError
-from ..memory.store import StoreTables
-from ..memory.texts import TextTable
 
-__all__ = ["DURABLE_VERSION", "Written", "write_checkpoint", "read_checkpoint",
-           "CheckpointParts", "checkpoint_files", "remove_unreferenced", "remove_replaced",
-           "written_files"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "POINTER", "DATA", "WAL", "Written",
+           "CommitInput", "Parts", "write_commit", "read_commit", "read_pointer",
+           "IndexFormatError", "pack_files", "PACK_BYTES", "cut_uncommitted", "store_of", "vocab_tensors"]
 
-#: the index folder format of a durable memory
-DURABLE_VERSION = 3
-_CKPT = re.compile(r"^ckpt-[0-9a-f]{32}\.json$")
-_DATA = re.compile(r"^(store|seg|base)-[0-9a-f]{32}\.safetensors$")
-#: store chunks a folder keeps before a checkpoint writes them again as one (each
-#: checkpoint with new sessions adds one; merging costs a copy of the store, once per
-#: this many checkpoints)
-MAX_CHUNKS = 64
-#: largest checkpoint manifest read (conversation and question metadata)
-MAX_CHECKPOINT_BYTES = 256 << 20
+FORMAT_NAME = "memgas_gpu.index"
+#: the folder format this version writes
+FORMAT_VERSION = 4
+POINTER = "manifest.json"
+DATA = "data"
+WAL = "wal"
+#: a pack past this size is closed: the next commit starts a new one
+PACK_BYTES = 256 << 20
+#: store chunks of one size class merged at once (each slot rewritten log_8 times)
+CHUNK_FANIN = 8
+#: slots per chunk a full commit writes at most (bounds the memory a write needs)
+CHUNK_SLOTS = 1 << 15
+#: a full commit replaces the packs once superseded blobs outweigh the live ones and
+#: take more than this many bytes
+GARBAGE_BYTES = 1 << 20
+_L1 = _LEAF = 64
+_PACK_MAGIC = b"MGAS-PCK"
+_PACK_HEAD = struct.Struct("<8sIQ")
+PACK_HEADER_BYTES = _PACK_HEAD.size + 4
+_PACK_NAME = re.compile(r"^([0-9]{8})\.pack$")
+#: largest root, page or pointer read (settings and questions' records; a directory
+#: page of ~10,000 conversations)
+MAX_JSON_BYTES = 64 << 20
+MAX_BLOB_BYTES = 1 << 34
 
 
+def pack_name(pack: int) -> str:
+    return f"{DATA}/{pack:08d}.pack"
+
+
+def pack_files(folder: Path) -> dict:
+    """``{pack id: path}`` of the packs in ``folder/data``."""
+    d = Path(folder) / DATA
+    out = {}
+    if d.is_dir():
+        for p in d.iterdir():
+            m = _PACK_NAME.match(p.name)
+            if m:
+                out[int(m.group(1))] = p
+    return out
+
+
+def _leaf_of(cid: str) -> tuple[int, int]:
+    h = int.from_bytes(hashlib.blake2b(cid.encode("utf-8", "surrogatepass"),
+                                       digest_size=8).digest(), "little")
+    return (h >> 6) % _L1, h % _LEAF
+
+
+# ---------------------------------------------------------------------------- blobs
+def _tensor_blob(tensors: dict, meta: Optional[dict] = None) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                metadata={"memgas": json.dumps(meta or {}, ensure_ascii=False,
+                                               allow_nan=False)})
+
+
+def _json_blob(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode("utf-8")
+
+
+class _Writer:
+    """Appends blobs to the folder's last pack (or a new one) and tracks each pack's
+    live bytes."""
+
+    def __init__(self, folder: Path, packs: dict, new_pack: bool) -> None:
+        self.folder = folder
+        self.packs = {int(k): dict(v) for k, v in packs.items()}
+        self.fd = -1
+        self.pack = max(self.packs) if self.packs else 0
+        self.start = 0
+        if new_pack or not self.packs or self.packs[self.pack]["end"] >= PACK_BYTES:
+            self._new()
+        else:
+            self.path = folder / pack_name(self.pack)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            self.start = self.end = self.packs[self.pack]["end"]
+        self.written = 0
+
+    created: Optional[int] = None
+
+    def _new(self) -> None:
+        self.pack = max([0, *self.packs, *pack_files(self.folder)]) + 1
+        self.path = self.folder / pack_name(self.pack)
+        head = _PACK_HEAD.pack(_PACK_MAGIC, 1, self.pack)
+        files.write_new(self.path, head + struct.pack("<I", zlib.crc32(head)), "a new pack")
+        files.sync_dir(self.path.parent)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+        self.start = self.end = PACK_HEADER_BYTES
+        self.packs[self.pack] = {"end": self.end, "live": 0}
+        self.created = self.pack
+
+    def put(self, data: bytes) -> list:
+        files.append_at(self.fd, data, self.end, self.path, "a commit")
+        ref = [self.pack, self.end, len(data), zlib.crc32(data)]
+        self.end += len(data)
+        self.written += len(data)
+        p = self.packs[self.pack]
+        p["end"], p["live"] = self.end, p["live"] + len(data)
+        return ref
+
+    def drop(self, ref: Optional[list]) -> None:
+        """A blob no longer named by the commit being written (its bytes are garbage)."""
+        if ref is not None and ref[0] in self.packs:
+            self.packs[ref[0]]["live"] -= ref[2]
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self, failed: bool = False) -> None:
+        """Close the pack; ``failed``: take back what this commit appended (the pack it
+        created removed, or the last one cut back), best effort."""
+        if self.fd >= 0:
+            if failed and self.created is None:
+                try:
+                    os.ftruncate(self.fd, self.start)
+                except OSError:
+                    pass
+            os.close(self.fd)
+            self.fd = -1
+        if failed and self.created is not None:
+            try:
+                files.remove([self.path])
+            except OSError:
+                pass
+
+
+class _Reader:
+    """Reads blobs by ref (CRC-32 checked), keeping each pack open while it reads."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.fds: dict = {}
+
+    def get(self, ref, what: str) -> bytes:
+        if (not isinstance(ref, list) or len(ref) != 4
+                or not all(type(x) is int and x >= 0 for x in ref)
+                or ref[2] > MAX_BLOB_BYTES):
+            raise IndexFormatError(f"{self.folder}: {what}: not a blob reference "
+                                   f"({json.dumps(ref)[:80]})")
+        pack, off, n, crc = ref
+        fd = self.fds.get(pack)
+        path = self.folder / pack_name(pack)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError: retried
+            self.fds[pack] = fd
+        parts, got = [], 0
+        while got < n:
+            b = os.pread(fd, n - got, off + got)
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+        data = b"".join(parts)
+        if len(data) != n:
+            raise IndexFormatError(f"{path}: offset {off}: {what} is cut short ({len(data)} of "
+                                   f"{n} bytes)")
+        if zlib.crc32(data) != crc:
+            raise IndexFormatError(f"{path}: offset {off}: {what} differs from the CRC-32 "
+                                   "checksum its commit recorded (the file was changed or "
+                                   "damaged)")
+        return data
+
+    def json(self, ref, what: str):
+        data = self.get(ref, what)
+        where = f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
+        if len(data) > MAX_JSON_BYTES:
+            raise IndexFormatError(f"{where}: {len(data)} bytes, more than accepted")
+        try:
+            return json_loads(data.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise IndexFormatError(f"{where}: not JSON ({type(e).__name__}: "
+                                   f"{' '.join(str(e).split())[:120]})") from None
+
+    def tensors(self, ref, what: str) -> tuple[dict, dict]:
+        from safetensors.torch import load
+
+        data = self.get(ref, what)
+        where = f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
+        try:
+            tensors = load(data)
+            n = int.from_bytes(data[:8], "little")
+            meta = json_loads(json_loads(data[8:8 + n])["__metadata__"]["memgas"])
+        except Exception as e:  # noqa: BLE001 - safetensors' and json's errors
+            raise IndexFormatError(f"{where}: unreadable ({type(e).__name__}: "
+                                   f"{' '.join(str(e).split())[:160]})") from None
+        if not isinstance(meta, dict):
+            raise IndexFormatError(f"{where}: its metadata is not an object")
+        return tensors, meta
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+# ---------------------------------------------------------------------------- what is written
 @dataclass
 class Written:
-    """What the folder holds already (the last checkpoint), so that the next one writes
-    only what changed.
+    """What the folder's current commit holds, so that the next one writes only what
+    changed (a reader's copy is filled by :func:`read_commit`).
 
     Attributes:
-        generation: the store generation the chunks belong to (a compaction starts a
-            new one: every file is written again).
-        chunks: ``[{"file", "slots": [a, b], "terms": [a, b], "crc"}]`` in order.
-        segments: conversation id → ``(segment version, {"file", "crc"})``.
-        base: ``{"file", "crc"}`` of the questions, or None.
-        lsn: the log sequence number the checkpoint covers.
-        name: the checkpoint manifest's file name, or None.
+        commit: the commit's sequence number (0: none yet).
+        root: the root blob's ref (None: no commit).
+        lsn: the log sequence number the commit covers.
+        generation: the store numbering its chunks belong to (a compaction starts a new
+            one: every blob is written again).
+        chunks: ``[{"ref", "slots": [a, b], "terms": [a, b]}]`` in order.
+        questions: the questions blob's ref.
+        packs: ``{pack: {"end", "live"}}``: each pack's committed end and live bytes.
+        segments: conversation id → ``(segment version, entry)``.
+        leaves: ``(page, leaf)`` → ``(ref or None, {id: entry})``.
+        pages: first-level page → ref or None.
+        next_ordinal: the ordinal of the next new conversation.
     """
 
+    commit: int = 0
+    root: Optional[list] = None
+    lsn: int = 0
     generation: int = -1
     chunks: list = field(default_factory=list)
+    questions: Optional[list] = None
+    packs: dict = field(default_factory=dict)
     segments: dict = field(default_factory=dict)
-    base: Optional[dict] = None
-    lsn: int = 0
-    name: Optional[str] = None
-    #: segment file → its manifest entry as JSON text
-    fragments: dict = field(default_factory=dict)
+    leaves: dict = field(default_factory=dict)
+    pages: dict = field(default_factory=dict)
+    next_ordinal: int = 0
 
     @property
     def n_slots(self) -> int:
@@ -86,37 +293,62 @@ class Written:
     def n_terms(self) -> int:
         return self.chunks[-1]["terms"][1] if self.chunks else 0
 
-
-def _save(folder: Path, kind: str, tensors: dict, meta: Optional[dict] = None) -> dict:
-    """Write one data file (synced); its entry ``{"file", "crc"}``."""
-    from safetensors.torch import save
-
-    blob = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                metadata={"memgas": json.dumps(meta or {}, ensure_ascii=False)})
-    name = f"data/{kind}-{uuid.uuid4().hex}.safetensors"
-    path = folder / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        view, done = memoryview(blob), 0
-        while done < len(blob):
-            done += os.write(fd, view[done:])
-        os.fsync(fd)
-    except OSError as e:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise OSError(e.errno, f"{path}: writing a checkpoint file failed ({e.strerror}); "
-                      "the previous checkpoint is still current") from None
-    os.close(fd)
-    return {"file": name, "crc": zlib.crc32(blob)}
+    def garbage(self) -> tuple[int, int]:
+        """``(garbage bytes, live bytes)`` over the packs."""
+        size = sum(p["end"] - PACK_HEADER_BYTES for p in self.packs.values())
+        live = sum(p["live"] for p in self.packs.values())
+        return size - live, live
 
 
-def _text_tensors(prefix: str, table: TextTable) -> dict:
+@dataclass
+class CommitInput:
+    """What a commit writes (built by the memory, :meth:`MemoryIndex.commit_input`).
+
+    Attributes:
+        segments: the conversations in order: objects with ``meta``
+            (:class:`~memgas_gpu.memory.meta.ConversationMeta`), ``slots``, ``days``,
+            ``graphs`` and ``version`` (None: always written).
+        tables: the session store (:class:`~memgas_gpu.memory.store.StoreTables`).
+        header: ``params``, ``config``, ``tables``, ``lexical``, ``signal_modules``.
+        graph_keys: the graph settings stored with each conversation.
+        questions: ``{"records", "conversations", "q_emb", "terms"}``.
+        lsn: the log sequence number the commit covers.
+        dtype: how embeddings are stored (float32, float16 or bfloat16).
+    """
+
+    segments: Sequence
+    tables: object
+    header: dict
+    graph_keys: frozenset
+    questions: dict
+    lsn: int
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class Parts:
+    """What a reader read (the memory assembles itself from it, one way for every
+    format): ``header`` (``params``, ``graphs``, ``config``, ``tables``, ``lexical``,
+    ``signal_modules``, ``generation``, ``lsn``), ``store`` (the session store's
+    tensors), ``segments`` (``(meta dict, slots, days, graphs)`` per conversation, in
+    order) and ``questions`` (``records``, ``conversations``, ``q_emb``, ``terms``)."""
+
+    header: dict
+    store: dict
+    segments: list
+    questions: dict
+
+
+# ---------------------------------------------------------------------------- writing
+def _text_tensors(prefix: str, table) -> dict:
     end = int(table.offsets[-1])
     data = table.data[:end] if end else torch.zeros(0, dtype=torch.uint8)
     return {f"{prefix}.bytes": data, f"{prefix}.offsets": table.offsets}
 
 
-def _terms_tensors(terms: list) -> dict:
+def vocab_tensors(terms: list) -> dict:
+    """The vocabulary ``terms`` as UTF-8 bytes and offsets (``vocab.bytes``,
+    ``vocab.offsets``)."""
     enc = [t.encode("utf-8") for t in terms]
     raw = b"".join(enc)
     data = (torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone() if raw
@@ -125,201 +357,249 @@ def _terms_tensors(terms: list) -> dict:
         [0] + [len(e) for e in enc], dtype=torch.int64).cumsum(0)}
 
 
-def _chunk(folder: Path, t: StoreTables, a: int, b: int, t0: int, t1: int) -> dict:
+def _floats(x: Tensor, dtype: torch.dtype) -> Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def _chunk_blob(t, a: int, b: int, t0: int, t1: int, dtype: torch.dtype) -> bytes:
     part = t.take(torch.arange(a, b))
-    x = {"gran": part.gran}
-    x.update({f"dense.{k}": v for k, v in part.dense.items()})
+    x = {"gran": _floats(part.gran, dtype)}
+    x.update({f"dense.{k}": _floats(v, dtype) for k, v in part.dense.items()})
     if part.digest is not None:
         x["digest"] = part.digest
     if part.turn_ptr is not None:
         x["turn_ptr"] = part.turn_ptr
     if part.turns is not None:
-        x["turns"] = part.turns
+        x["turns"] = _floats(part.turns, dtype)
     if part.turn_text is not None:
         x.update(_text_tensors("turn_text", part.turn_text))
     if part.lexical_docs is not None:
         for g, m in part.lexical_docs.items():
             x.update({f"lexical.{g}.indptr": m.indptr, f"lexical.{g}.indices": m.indices,
                       f"lexical.{g}.tf": m.tf, f"lexical.{g}.doc_ptr": part.lexical_ptr[g]})
-        x.update(_terms_tensors(t.lexical_base.vocab.terms[t0:t1]))
-    entry = _save(folder, "store", x)
-    entry.update(slots=[a, b], terms=[t0, t1])
-    return entry
+    if t.lexical_base is not None:
+        x.update(vocab_tensors(t.lexical_base.vocab.terms[t0:t1]))
+    return _tensor_blob(x, {"slots": [a, b], "terms": [t0, t1]})
 
 
-def _segment(folder: Path, seg) -> dict:
-    x = {"slots": seg.slots, "days": seg.days}
-    for k, (ip, ix) in seg.graphs.items():
+def _segment_blob(seg, keys) -> bytes:
+    meta = seg.meta
+    x = {"slots": seg.slots.to(torch.int64), "days": seg.days.to(torch.float64)}
+    for k in sorted(keys):
+        ip, ix = seg.graphs[k]
         x[f"graph.{k}.indptr"], x[f"graph.{k}.indices"] = ip, ix
-    entry = _save(folder, "seg", x, {"id": seg.id, "session_ids": seg.meta.session_ids,
-                                    "session_dates": seg.meta.session_dates,
-                                    "session_metadata": seg.meta.session_metadata})
-    entry["id"] = seg.id
-    return entry
+    return _tensor_blob(x, {"id": meta.id, "session_ids": list(meta.session_ids),
+                            "session_dates": list(meta.session_dates),
+                            "session_metadata": meta.session_metadata})
 
 
-def write_checkpoint(folder: Path, state, lsn: int, written: Written, header: dict,
-                     questions: dict, graph_keys) -> Written:
-    """Write a checkpoint of ``state`` (covering the log through ``lsn``) into ``folder``
-    and make it current; returns what the folder then holds.
+def _questions_blob(q: dict, dtype: torch.dtype) -> bytes:
+    x = {"q_emb": _floats(q["q_emb"].float(), dtype)}
+    terms = q.get("terms")
+    if terms is not None:
+        x.update({"q.indptr": terms.indptr, "q.indices": terms.indices, "q.tf": terms.tf})
+    return _tensor_blob(x, {"records": q["records"], "conversations": q["conversations"]})
 
-    Args:
-        written: what the current checkpoint holds (files are reused when unchanged).
-        header: the manifest's settings (format fields, params, config, lexical,
-            tables, signal_modules).
-        questions: ``{"records", "conversations", "q_emb", "terms"}`` of the dataset's
-            questions.
-        graph_keys: the graph settings saved with each conversation.
+
+def _tier(slots: int) -> int:
+    t = 0
+    while slots >= CHUNK_FANIN ** (t + 1):
+        t += 1
+    return t
+
+
+def write_commit(folder, inp: CommitInput, written: Written, full: bool = False) -> Written:
+    """Write a commit of ``inp`` over the folder's current one (``written``) and make it
+    current; returns what the folder then holds.  The caller holds the folder's lock.
+
+    A full commit (``full``, a new store generation, no commit yet, or superseded blobs
+    outweighing the live ones) writes every blob to a new pack and removes the packs it
+    replaced once the pointer names it; otherwise only what changed is appended.
+
+    Raises:
+        OSError: writing failed (a full disk, say): the error names the file; the
+            previous commit is still current and nothing this call appended is left.
     """
-    t = state.tables
-    data = folder / "data"
-    data.mkdir(exist_ok=True)
-    full = written.generation != t.generation or written.name is None
+    folder = Path(folder)
+    t = inp.tables
+    garbage, live = written.garbage()
+    full = (full or written.root is None or written.generation != t.generation
+            or (garbage > live and garbage > GARBAGE_BYTES))
+    old = written
+    if full:
+        written = Written(commit=old.commit, lsn=old.lsn)
+    files.make_dirs(folder / DATA)
+    w = _Writer(folder, written.packs, new_pack=full)
+    try:
+        new = _append(w, inp, written, full)
+        w.sync()  # every blob of the commit durable before the pointer names it
+    except BaseException:
+        w.close(failed=True)
+        raise
+    w.close()
+    new.packs = w.packs
+    files.replace(folder / POINTER, _json_blob(
+        {"format": FORMAT_NAME, "version": FORMAT_VERSION, "commit": new.commit,
+         "root": new.root}), "the pointer manifest.json")
+    if full:  # the packs the new commit replaced (readers of the old one retry)
+        gone = [p for k, p in pack_files(folder).items() if k not in new.packs]
+        files.remove(gone)
+    return new
+
+
+def _append(w: _Writer, inp: CommitInput, written: Written, full: bool) -> Written:
+    t = inp.tables
+    dtype = inp.dtype
+    keys = frozenset(inp.graph_keys)
+    # ---- the store: a chunk of the new slots, then merges of one size class
     n_terms = t.n_terms if t.lexical_base is not None else 0
-    merge = full or len(written.chunks) >= MAX_CHUNKS
-    chunks = [] if merge else list(written.chunks)
-    a = 0 if merge else written.n_slots
-    t0 = 0 if merge else written.n_terms
-    if t.n_slots > a or n_terms > t0 or not chunks:
-        chunks.append(_chunk(folder, t, a, t.n_slots, t0, n_terms))
-    # one pass over the conversations: an unchanged one keeps its file and its manifest
-    # entry's JSON (a dict lookup and a string join), a changed one is written
-    keys = set(graph_keys)
-    segments, fragments, frags = {}, {}, []
-    old_segments, old_fragments = written.segments, written.fragments
-    for seg in state.segments:
-        sid = seg.meta.id
-        got = None if full else old_segments.get(sid)
-        if got is not None and got[0] == seg.version:
-            frag = old_fragments.get(got[1]["file"])
+    chunks = list(written.chunks)
+    a, t0 = written.n_slots, written.n_terms
+    if full:
+        chunks, a, t0 = [], 0, 0
+        step = max(1, CHUNK_SLOTS)
+        while a < t.n_slots or not chunks:
+            b = min(t.n_slots, a + step)
+            t1 = n_terms if b == t.n_slots else t0
+            chunks.append({"ref": w.put(_chunk_blob(t, a, b, t0, t1, dtype)),
+                           "slots": [a, b], "terms": [t0, t1]})
+            a, t0 = b, t1
+            if a >= t.n_slots:
+                break
+    elif t.n_slots > a or n_terms > t0:
+        chunks.append({"ref": w.put(_chunk_blob(t, a, t.n_slots, t0, n_terms, dtype)),
+                       "slots": [a, t.n_slots], "terms": [t0, n_terms]})
+        while len(chunks) >= CHUNK_FANIN:
+            tail = chunks[-CHUNK_FANIN:]
+            if len({_tier(c["slots"][1] - c["slots"][0]) for c in tail}) != 1:
+                break
+            lo, hi = tail[0], tail[-1]
+            merged = {"ref": w.put(_chunk_blob(t, lo["slots"][0], hi["slots"][1],
+                                               lo["terms"][0], hi["terms"][1], dtype)),
+                      "slots": [lo["slots"][0], hi["slots"][1]],
+                      "terms": [lo["terms"][0], hi["terms"][1]]}
+            for c in tail:
+                w.drop(c["ref"])
+            chunks[-CHUNK_FANIN:] = [merged]
+    # ---- the conversations that changed, and the pages on their path
+    segments = {} if full else dict(written.segments)
+    leaves = {} if full else dict(written.leaves)
+    pages = {} if full else dict(written.pages)
+    next_ordinal = 0 if full else written.next_ordinal
+    present = set()
+    touched = set()
+    for seg in inp.segments:
+        cid = seg.meta.id
+        present.add(cid)
+        got = segments.get(cid)
+        if got is not None and seg.version is not None and got[0] == seg.version:
+            continue
+        if got is not None:
+            ordinal = got[1][1]
+            w.drop(got[1][2:6])
         else:
-            graphs = {k: v for k, v in seg.graphs.items() if k in keys}
-            got, frag = (seg.version, _segment(folder, _with_graphs(seg, graphs))), None
-        if frag is None:
-            frag = json.dumps(got[1], ensure_ascii=False, allow_nan=False)
-        segments[sid] = got
-        fragments[got[1]["file"]] = frag
-        frags.append(frag)
-    base = written.base
-    if full or base is None:
-        qt = {"q_emb": questions["q_emb"]}
-        terms = questions.get("terms")
-        if terms is not None:
-            qt.update({"lexical.q.indptr": terms.indptr, "lexical.q.indices": terms.indices,
-                       "lexical.q.tf": terms.tf})
-        base = _save(folder, "base", qt)
-    manifest = dict(header)
-    manifest.update(version=DURABLE_VERSION, lsn=int(lsn), generation=int(t.generation),
-                    graphs=sorted(keys), dim=int(t.gran.shape[-1]),
-                    questions=questions["records"],
-                    question_conversations=questions["conversations"], base=base,
-                    chunks=chunks)
-    # the segment list is the one part that grows with the conversations: each entry's
-    # JSON is kept from the checkpoint that wrote it (above)
-    head = json.dumps(manifest, ensure_ascii=False, allow_nan=False)
-    text = (head[:-1] + ', "segments": [' + ",".join(frags) + "]}").encode()
-    name = f"ckpt-{uuid.uuid4().hex}.json"
-    with atomic_write(folder / name, "wb") as f:
-        f.write(text)
-    fsync_dir(data)
-    fsync_dir(folder)
-    with atomic_write(folder / "manifest.json", "w", encoding="utf-8") as f:
-        json.dump({"format": header["format"], "version": DURABLE_VERSION, "current": name,
-                   "manifest_crc32": zlib.crc32(text)}, f, indent=1)
-    fsync_dir(folder)
-    return Written(int(t.generation), chunks, segments, base, int(lsn), name, fragments)
-
-
-def _with_graphs(seg, graphs: dict):
-    from ..memory.segments import Segment
-
-    return Segment(seg.meta, seg.slots, graphs, seg.version, seg.days)
-
-
-def checkpoint_files(manifest: dict) -> set:
-    """The data files a checkpoint manifest names."""
-    out = {c["file"] for c in manifest["chunks"]} | {s["file"] for s in manifest["segments"]}
-    if manifest.get("base"):
-        out.add(manifest["base"]["file"])
-    return out
-
-
-def remove_replaced(folder: Path, old: Written, new: Written) -> int:
-    """Remove the files of checkpoint ``old`` that checkpoint ``new`` (current now) does
-    not name: what a checkpoint replaced, without listing the folder.  Called by the
-    folder's writer only."""
-    keep = _names(new)
-    gone = [f for f in _names(old) if f not in keep]
-    if old.name and old.name != new.name:
-        gone.append(old.name)
-    for f in gone:
-        (folder / f).unlink(missing_ok=True)
-    if gone:
-        fsync_dir(folder / "data")
-    return len(gone)
-
-
-def written_files(w: Written) -> set:
-    """The data files checkpoint ``w`` names."""
-    return _names(w)
-
-
-def _names(w: Written) -> set:
-    return ({c["file"] for c in w.chunks} | {e["file"] for _, e in w.segments.values()}
-            | ({w.base["file"]} if w.base else set()))
-
-
-def remove_unreferenced(folder: Path, keep_checkpoint: str, keep_files: set) -> int:
-    """Remove checkpoint manifests and data files the current checkpoint does not name
-    (older checkpoints, files of a checkpoint a crash left unfinished); returns how many.
-    Called by the folder's writer only."""
-    n = 0
-    for p in folder.iterdir():
-        if _CKPT.match(p.name) and p.name != keep_checkpoint:
-            p.unlink(missing_ok=True)
-            n += 1
-    data = folder / "data"
-    if data.is_dir():
-        for p in data.iterdir():
-            if _DATA.match(p.name) and f"data/{p.name}" not in keep_files:
-                p.unlink(missing_ok=True)
-                n += 1
-    fsync_dir(data if data.is_dir() else folder)
-    return n
+            ordinal, next_ordinal = next_ordinal, next_ordinal + 1
+        ref = w.put(_segment_blob(seg, keys))
+        entry = [cid, ordinal, *ref, seg.n]
+        segments[cid] = (seg.version, entry)
+        touched.add(_leaf_of(cid))
+    for cid in [c for c in segments if c not in present]:  # forgotten conversations
+        w.drop(segments.pop(cid)[1][2:6])
+        touched.add(_leaf_of(cid))
+    for key in touched:
+        ref, entries = leaves.get(key, (None, {}))
+        w.drop(ref)
+        entries = {cid: segments[cid][1] for cid in (*entries, *(
+            c for c in present if _leaf_of(c) == key and c not in entries)) if cid in segments} \
+            if not full else {}
+        leaves[key] = (None, entries)
+    if full:  # every conversation, leaf by leaf
+        leaves = {}
+        for cid, (_, entry) in segments.items():
+            leaves.setdefault(_leaf_of(cid), (None, {}))[1][cid] = entry
+        touched = set(leaves)
+    for key in sorted(touched):
+        _, entries = leaves[key]
+        if entries:
+            body = sorted(entries.values(), key=lambda e: e[1])
+            leaves[key] = (w.put(_json_blob({"entries": body})), entries)
+        else:
+            del leaves[key]
+    for page in sorted({k[0] for k in touched}):
+        w.drop(pages.get(page))
+        refs = [leaves[(page, j)][0] if (page, j) in leaves else None for j in range(_LEAF)]
+        if any(r is not None for r in refs):
+            pages[page] = w.put(_json_blob({"leaves": refs}))
+        else:
+            pages.pop(page, None)
+    # ---- questions (written once per store generation) and the root
+    qref = written.questions
+    if full or qref is None:
+        qref = w.put(_questions_blob(inp.questions, dtype))
+    w.drop(written.root)
+    commit = written.commit + 1
+    root = dict(inp.header)
+    root.update(format=FORMAT_NAME, version=FORMAT_VERSION, commit=commit, lsn=int(inp.lsn),
+                generation=int(t.generation), graphs=sorted(keys),
+                dim=int(t.gran.shape[-1]), questions=qref, chunks=chunks,
+                directory={"conversations": len(segments), "next_ordinal": next_ordinal,
+                           "pages": [pages.get(i) for i in range(_L1)]})
+    # each pack's end and live bytes as of this commit (the root's own bytes included)
+    body = _json_blob(root)
+    root_ref = [w.pack, w.end, 0, 0]
+    w.packs[w.pack]["live"] += 0
+    root["packs"] = {str(k): v for k, v in w.packs.items()}
+    for _ in range(3):  # the packs' figures include the root's own length
+        body = _json_blob(root)
+        ends = dict(w.packs)
+        ends[w.pack] = {"end": w.end + len(body), "live": w.packs[w.pack]["live"] + len(body)}
+        root["packs"] = {str(k): v for k, v in sorted(ends.items())}
+    body = _json_blob(root)
+    root_ref = w.put(body)
+    return Written(commit=commit, root=root_ref, lsn=int(inp.lsn), generation=int(t.generation),
+                   chunks=chunks, questions=qref, packs=w.packs, segments=segments,
+                   leaves=leaves, pages=pages, next_ordinal=next_ordinal)
 
 
 # ---------------------------------------------------------------------------- reading
-@dataclass
-class CheckpointParts:
-    """What :func:`read_checkpoint` read: the manifest, the store's tensors (whole),
-    the segments' parts ``(meta, slots, days, graphs)`` with their file entries, and the
-    questions' tensors; ``written`` lacks the segments' versions (the reader's own)."""
+def read_pointer(folder) -> dict:
+    """The folder's pointer (``manifest.json``) of a format-4 folder, checked.
 
-    manifest: dict
-    name: str
-    store: dict
-    segments: list
-    segment_entries: list
-    base: dict
-    written: Written
-
-
-def _load(folder: Path, entry: dict) -> tuple[dict, dict]:
-    from safetensors.torch import load
-
-    path = folder / entry["file"]
-    raw = path.read_bytes()
-    if zlib.crc32(raw) != entry["crc"]:
-        raise IndexFormatError(f"{path}: its contents differ from the CRC-32 checksum the "
-                               "checkpoint recorded (the file was changed or damaged)")
+    Raises:
+        FileNotFoundError: no pointer.
+        IndexFormatError: not a pointer of this format.
+    """
+    path = Path(folder) / POINTER
     try:
-        tensors = load(raw)
-        n = int.from_bytes(raw[:8], "little")
-        meta = json.loads(json.loads(raw[8:8 + n])["__metadata__"]["memgas"])
-    except Exception as e:  # noqa: BLE001 - safetensors' and json's errors
-        raise IndexFormatError(f"{path}: unreadable checkpoint file ({type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:160]})") from None
-    return tensors, meta
+        raw = files.read_file(path, MAX_JSON_BYTES)
+    except ValueError as e:
+        raise IndexFormatError(f"{path}: {e}") from None
+    try:
+        m = json_loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise IndexFormatError(f"{path}: not JSON ({type(e).__name__})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{path}: not a memgas_gpu index")
+    if m.get("version") != FORMAT_VERSION:
+        raise IndexFormatError(f"{path}: field 'version': {json.dumps(m.get('version'))[:40]}, "
+                               f"not {FORMAT_VERSION}")
+    if type(m.get("commit")) is not int or m["commit"] < 1:
+        raise IndexFormatError(f"{path}: field 'commit': expected a positive integer")
+    root = m.get("root")
+    if not (isinstance(root, list) and len(root) == 4
+            and all(type(x) is int and x >= 0 for x in root)):
+        raise IndexFormatError(f"{path}: field 'root': expected a blob reference")
+    return m
+
+
+def _want(where: str, obj, key: str, typ):
+    if not isinstance(obj, dict) or key not in obj:
+        raise IndexFormatError(f"{where}: field {key!r}: missing")
+    v = obj[key]
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise IndexFormatError(f"{where}: field {key!r}: expected {typ.__name__}, got "
+                               f"{type(v).__name__}")
+    return v
 
 
 def _cat_ptr(parts: list) -> Tensor:
@@ -330,87 +610,185 @@ def _cat_ptr(parts: list) -> Tensor:
     return torch.cat(out)
 
 
-def read_checkpoint(folder: Path, pointer: dict) -> CheckpointParts:
-    """Read the checkpoint ``pointer`` (the folder's format-3 pointer) names.
-
-    Raises:
-        IndexFormatError: a damaged or inconsistent checkpoint (one line naming the
-            file); FileNotFoundError: a file a writer removed meanwhile (read again).
-    """
-    name = pointer["current"]
-    if not isinstance(name, str) or not _CKPT.match(name):
-        raise IndexFormatError(f"{folder / 'manifest.json'}: field 'current': expected "
-                               f"'ckpt-' and 32 hex digits, got {json.dumps(name)[:80]}")
-    mf = folder / name
-    raw = mf.read_bytes()
-    if len(raw) > MAX_CHECKPOINT_BYTES:
-        raise IndexFormatError(f"{mf}: {len(raw)} bytes, more than a checkpoint may hold")
-    if pointer.get("manifest_crc32") is not None and zlib.crc32(raw) != \
-            pointer["manifest_crc32"]:
-        raise IndexFormatError(f"{mf}: its contents differ from the CRC-32 checksum the "
-                               "folder's pointer recorded (the file was edited or damaged)")
-    try:
-        m = json_loads(raw.decode("utf-8"))
-        chunks, segs = m["chunks"], m["segments"]
-        if not isinstance(chunks, list) or not isinstance(segs, list) or not chunks:
-            raise ValueError("chunks and segments")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise IndexFormatError(f"{mf}: not a checkpoint manifest ({type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:120]})") from None
-    store: dict = {}
+def _store(r: _Reader, chunks: list, where: str) -> tuple[dict, int, int]:
     parts = []
     expect_slot = expect_term = 0
-    for c in chunks:
-        if c["slots"][0] != expect_slot or c["terms"][0] != expect_term:
-            raise IndexFormatError(f"{mf}: chunk {c['file']!r} does not follow the previous "
-                                   "one (slots or terms)")
-        x, _ = _load(folder, c)
-        if x["gran"].shape[0] != c["slots"][1] - c["slots"][0]:
-            raise IndexFormatError(f"{folder / c['file']}: {x['gran'].shape[0]} slots, the "
-                                   f"checkpoint says {c['slots']}")
+    for i, c in enumerate(chunks):
+        slots, terms = _want(f"{where}: chunks[{i}]", c, "slots", list), \
+            _want(f"{where}: chunks[{i}]", c, "terms", list)
+        if slots[:1] != [expect_slot] or terms[:1] != [expect_term] or len(slots) != 2 \
+                or len(terms) != 2:
+            raise IndexFormatError(f"{where}: chunks[{i}] does not follow the previous one "
+                                   "(slots or terms)")
+        x, meta = r.tensors(c["ref"], f"store chunk {i}")
+        gran = x.get("gran")
+        if gran is None or gran.dim() != 3 or gran.shape[0] != slots[1] - slots[0]:
+            raise IndexFormatError(f"{where}: chunk {i}: {0 if gran is None else gran.shape[0]} "
+                                   f"slots, the root says {slots}")
+        n_voc = x["vocab.offsets"].numel() - 1 if "vocab.offsets" in x else 0
+        if n_voc != terms[1] - terms[0]:
+            raise IndexFormatError(f"{where}: chunk {i}: {n_voc} vocabulary terms, the root "
+                                   f"says {terms}")
+        keys = set(x)
+        if parts and keys != set(parts[0]):
+            raise IndexFormatError(f"{where}: chunk {i} holds other tables than chunk 0")
         parts.append(x)
-        expect_slot, expect_term = c["slots"][1], c["terms"][1]
-    store["gran"] = torch.cat([x["gran"] for x in parts]).float()
-    dense_names = [k for k in parts[0] if k.startswith("dense.")]
-    store["dense"] = {k[6:]: torch.cat([x[k] for x in parts]).float() for k in dense_names}
-    store["digest"] = (torch.cat([x["digest"] for x in parts]) if "digest" in parts[0]
-                       else None)
-    store["turn_ptr"] = (_cat_ptr([x["turn_ptr"] for x in parts]) if "turn_ptr" in parts[0]
-                         else None)
-    store["turns"] = (torch.cat([x["turns"] for x in parts]).float() if "turns" in parts[0]
-                      else None)
+        expect_slot, expect_term = slots[1], terms[1]
+    return store_of(parts), expect_slot, expect_term
+
+
+def store_of(parts: list) -> dict:
+    """The session store's tensors of its chunks' tensors ``parts`` (in slot order),
+    laid end to end (pointers rebased)."""
+    from ..memory.texts import TextTable
+
+    s: dict = {}
+    s["gran"] = torch.cat([x["gran"] for x in parts]).float()
+    dense = sorted(k for k in parts[0] if k.startswith("dense."))
+    s["dense"] = {k[6:]: torch.cat([x[k] for x in parts]).float() for k in dense}
+    s["digest"] = torch.cat([x["digest"] for x in parts]) if "digest" in parts[0] else None
+    s["turn_ptr"] = (_cat_ptr([x["turn_ptr"] for x in parts]) if "turn_ptr" in parts[0]
+                     else None)
+    s["turns"] = torch.cat([x["turns"] for x in parts]).float() if "turns" in parts[0] \
+        else None
     if "turn_text.bytes" in parts[0]:
         data = torch.cat([x["turn_text.bytes"] for x in parts])
-        store["turn_text"] = TextTable(data if data.numel() else
-                                       torch.zeros(1, dtype=torch.uint8),
-                                       _cat_ptr([x["turn_text.offsets"] for x in parts]))
+        s["turn_text"] = TextTable(data if data.numel() else torch.zeros(1, dtype=torch.uint8),
+                                   _cat_ptr([x["turn_text.offsets"] for x in parts]))
     else:
-        store["turn_text"] = None
+        s["turn_text"] = None
     groups = sorted({k.split(".")[1] for k in parts[0] if k.startswith("lexical.")})
-    store["lexical"] = None
-    if groups:
+    s["lexical"] = None
+    if "vocab.bytes" in parts[0]:
         docs, ptr = {}, {}
         for g in groups:
             docs[g] = (_cat_ptr([x[f"lexical.{g}.indptr"] for x in parts]),
                        torch.cat([x[f"lexical.{g}.indices"] for x in parts]),
                        torch.cat([x[f"lexical.{g}.tf"] for x in parts]).float())
             ptr[g] = _cat_ptr([x[f"lexical.{g}.doc_ptr"] for x in parts])
-        terms = []
-        for x in parts:
-            b, off = x["vocab.bytes"].numpy().tobytes(), x["vocab.offsets"].tolist()
-            terms += [b[i:j].decode("utf-8") for i, j in zip(off[:-1], off[1:])]
-        store["lexical"] = (docs, ptr, terms)
-    segments = []
-    for s in segs:
-        x, meta = _load(folder, s)
-        graphs = {k[6:-7]: (x[k], x[k[:-7] + ".indices"]) for k in x
+        raw = torch.cat([x["vocab.bytes"] for x in parts])
+        s["lexical"] = (docs, ptr, raw, _cat_ptr([x["vocab.offsets"] for x in parts]))
+    return s
+
+
+def read_commit(folder, pointer: Optional[dict] = None) -> tuple[Parts, Written]:
+    """Read the commit the folder's pointer (or ``pointer``) names, every blob's
+    checksum checked; the parts still need :func:`memgas_gpu.storage.validate.
+    check_parts`.
+
+    Raises:
+        IndexFormatError: a damaged or inconsistent commit (one line naming the file
+            and offset).
+        FileNotFoundError: a pack a writer removed meanwhile (read the pointer again).
+    """
+    folder = Path(folder)
+    pointer = pointer or read_pointer(folder)
+    r = _Reader(folder)
+    try:
+        return _read(r, folder, pointer)
+    finally:
+        r.close()
+
+
+def _read(r: _Reader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
+    root_ref = pointer["root"]
+    where = f"{folder / pack_name(root_ref[0])}: offset {root_ref[1]}: the root"
+    root = r.json(root_ref, "the root")
+    if not isinstance(root, dict) or root.get("format") != FORMAT_NAME or \
+            root.get("version") != FORMAT_VERSION:
+        raise IndexFormatError(f"{where}: not the root of a format-{FORMAT_VERSION} commit")
+    if root.get("commit") != pointer["commit"]:
+        raise IndexFormatError(f"{where}: commit {root.get('commit')}, the pointer names "
+                               f"{pointer['commit']}")
+    for k, typ in (("lsn", int), ("generation", int), ("chunks", list), ("graphs", list),
+                   ("directory", dict), ("packs", dict), ("params", dict), ("config", dict),
+                   ("dim", int)):
+        _want(where, root, k, typ)
+    chunks = root["chunks"]
+    if not chunks:
+        raise IndexFormatError(f"{where}: field 'chunks': empty")
+    store, n_slots, n_terms = _store(r, chunks, where)
+    qx, qmeta = r.tensors(root.get("questions"), "the questions")
+    questions = {"records": qmeta.get("records"), "conversations": qmeta.get("conversations"),
+                 "q_emb": qx.get("q_emb"),
+                 "terms": (qx["q.indptr"], qx["q.indices"], qx["q.tf"])
+                 if "q.indptr" in qx else None}
+    directory = root["directory"]
+    page_refs = _want(f"{where}: directory", directory, "pages", list)
+    if len(page_refs) != _L1:
+        raise IndexFormatError(f"{where}: directory: {len(page_refs)} pages, not {_L1}")
+    entries, leaves, pages = [], {}, {}
+    for i, pref in enumerate(page_refs):
+        if pref is None:
+            continue
+        page = r.json(pref, f"directory page {i}")
+        lrefs = _want(f"{where}: page {i}", page, "leaves", list)
+        if len(lrefs) != _LEAF:
+            raise IndexFormatError(f"{where}: directory page {i}: {len(lrefs)} leaves")
+        pages[i] = pref
+        for j, lref in enumerate(lrefs):
+            if lref is None:
+                continue
+            leaf = r.json(lref, f"directory leaf {i}.{j}")
+            got = _want(f"{where}: leaf {i}.{j}", leaf, "entries", list)
+            mine = {}
+            for e in got:
+                if not (isinstance(e, list) and len(e) == 7 and isinstance(e[0], str)
+                        and all(type(x) is int and x >= 0 for x in e[1:])):
+                    raise IndexFormatError(f"{where}: leaf {i}.{j}: an entry is not [id, "
+                                           "ordinal, pack, offset, length, crc32, sessions]")
+                if _leaf_of(e[0]) != (i, j):
+                    raise IndexFormatError(f"{where}: leaf {i}.{j}: conversation "
+                                           f"{e[0][:80]!r} does not belong in it")
+                mine[e[0]] = e
+            leaves[(i, j)] = (lref, mine)
+            entries.extend(got)
+    n_conv = _want(f"{where}: directory", directory, "conversations", int)
+    if n_conv != len(entries):
+        raise IndexFormatError(f"{where}: the directory lists {len(entries)} conversations, "
+                               f"the root says {n_conv}")
+    entries.sort(key=lambda e: e[1])
+    segments, written_segs = [], {}
+    for e in entries:
+        x, meta = r.tensors(e[2:6], f"conversation {e[0][:80]!r}")
+        graphs = {k[6:-7]: (x[k], x.get(k[:-7] + ".indices")) for k in x
                   if k.startswith("graph.") and k.endswith(".indptr")}
-        n = len(meta["session_ids"])
-        if x["slots"].shape != (n,) or x["days"].shape != (n,) or \
-                (n and not 0 <= int(x["slots"].min()) <= int(x["slots"].max()) < expect_slot):
-            raise IndexFormatError(f"{folder / s['file']}: slots or days do not fit its "
-                                   f"{n} sessions and the store's {expect_slot} slots")
-        segments.append((meta, x["slots"], x["days"], graphs))
-    base, _ = _load(folder, m["base"])
-    written = Written(int(m["generation"]), list(chunks), {}, m["base"], int(m["lsn"]), name)
-    return CheckpointParts(m, name, store, segments, list(segs), base, written)
+        if meta.get("id") != e[0] or x.get("slots") is None or x["slots"].numel() != e[6]:
+            raise IndexFormatError(f"{where}: conversation {e[0][:80]!r}: its segment does "
+                                   "not match its directory entry")
+        segments.append((meta, x["slots"], x.get("days"), graphs))
+        written_segs[e[0]] = (None, e)
+    header = {k: root.get(k) for k in ("params", "graphs", "config", "tables", "lexical",
+                                       "signal_modules", "generation", "lsn", "dim")}
+    header["n_slots"], header["n_terms"] = n_slots, n_terms
+    written = Written(commit=root["commit"], root=pointer["root"], lsn=root["lsn"],
+                      generation=root["generation"], chunks=list(chunks),
+                      questions=root.get("questions"),
+                      packs={int(k): dict(v) for k, v in root["packs"].items()},
+                      segments=written_segs, leaves=leaves, pages=pages,
+                      next_ordinal=int(directory.get("next_ordinal", len(entries))))
+    return Parts(header, store, segments, questions), written
+
+
+def cut_uncommitted(folder, written: Written) -> None:
+    """The writer, on opening: cut each pack back to its committed end (what a commit a
+    crash interrupted appended) and remove the packs and temporary files no commit
+    names.  Called with the folder's lock held."""
+    folder = Path(folder)
+    for k, p in pack_files(folder).items():
+        if k not in written.packs:
+            files.remove([p])
+            continue
+        end = written.packs[k]["end"]
+        if p.stat().st_size > end:
+            fd = os.open(p, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, end)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    stale = [p for p in folder.iterdir() if files.is_temporary(p.name)]
+    data = folder / DATA
+    if data.is_dir():
+        stale += [p for p in data.iterdir() if files.is_temporary(p.name)]
+    files.remove(stale)

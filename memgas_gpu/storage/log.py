@@ -1,44 +1,51 @@
 """A write-ahead log: checksummed records in numbered files, appended with group
 commit, each one durable before :meth:`WriteAheadLog.append` returns.
 
-A log folder (a memory opened on a folder is meant to keep its log in ``FOLDER/wal``)::
+A log folder (a memory keeps its log in ``FOLDER/wal``)::
 
     00000000000000000001.log   records 1 .. 1234 (complete: written before a rotation)
     00000000000000001235.log   records 1235 .. (the file being written)
-    .lock                      the writer's lock (its process id)
 
 A file is named by the sequence number (LSN) of its first record, in 20 digits; LSNs
 increase by one across files.  Each file starts with a 24-byte header, then holds
 records; all numbers are little-endian::
 
     header:  magic b"MGAS-WAL" | format version u32 | first LSN u64 | CRC-32 of those 20 bytes u32
-    record:  payload length u32 | CRC-32 of (LSN u64 + payload) u32 | LSN u64 | payload
+    record:  payload length u32 | CRC-32 of (LSN + group + payload) u32 | LSN u64 | group u64 | payload
+
+``group`` is the LSN of the first record of the write the record went out with (records
+appended together share one write and one fsync).  Files of format version 1 (written
+before groups were recorded) have no ``group`` field and a CRC-32 of (LSN + payload); they
+are read, never appended to.
 
 Durability.  ``append`` returns once its record is written and the file fsync'd.  Threads
 appending at the same time share one write and one fsync (group commit): the first to
 find no write in progress writes every queued record, fsyncs once and wakes the others,
-each with its own LSN, in the order they queued.  A new file is written under a temporary
-name, fsync'd, renamed and the folder fsync'd before any record goes into it, so a
-header is never torn.  When a write or an fsync fails, every appender of that group gets
-the error and the file is truncated back to its last acknowledged record (after a failed
-fsync, or when that truncation fails too, the log refuses appends until it is reopened).
+each with its own LSN, in the order they queued.  A group is written only after the
+previous group's fsync returned.  A new file is written under a temporary name, fsync'd,
+renamed and the folder fsync'd before any record goes into it, so a header is never
+torn.  When a write or an fsync fails, every appender of that group gets the error and
+the file is truncated back to its last acknowledged record (after a failed fsync, or
+when that truncation fails too, the log refuses appends until it is reopened).
 
-Recovery.  :meth:`WriteAheadLog.open` reads every record.  A last file that ends in a
-short or invalid record, with no valid record after it, was cut short by a crash during
-an append that was never acknowledged: it is truncated there, fsync'd, and one warning
-is logged (logger ``memgas_gpu.wal``) naming the file and the bytes dropped.  Anything
-else (an invalid record followed by valid ones, a damaged earlier file, a missing file,
-a bad header) is damage no crash leaves: the log is not opened (:class:`WALCorruptionError`
+Recovery.  :meth:`WriteAheadLog.open` reads every record.  The last file may end in a
+group whose write a crash cut short: short or invalid records with no valid record of a
+*later* group after them (a group's pages may reach the disk in any order, so valid
+records of the same group may follow the damage).  Such a tail was never acknowledged
+(its fsync never returned): it is cut off, the file fsync'd, and one warning logged
+(logger ``memgas_gpu.wal``) naming the file and the bytes dropped.  Anything else (damage
+followed by a record of a later group, a damaged earlier file, a missing file, a bad
+header) is damage no crash leaves: the log is not opened (:class:`WALCorruptionError`
 names the file and the offset) and nothing is changed, so no data is lost silently.
 Opening also fsyncs the last file, so records a killed writer wrote but never synced
 are durable before anyone replays them.
 
-One writer per folder: it holds an exclusive lock on ``.lock`` from open to close.
-Readers (:meth:`WriteAheadLog.read`) take no lock and stop quietly at the first
-incomplete record of the last file, which a writer may be appending.
+One writer per folder: it holds the folder's lock (:mod:`.lock`) from open to close,
+unless its caller holds the lock of a folder around it (a memory's).  Readers
+(:meth:`WriteAheadLog.read`) take no lock; they stop quietly at a tail a writer may
+still be appending to, and refuse damage followed by a later group, as a writer does.
 
-Standard library only (no torch): a process that only reads or replays a log imports
-no tensor library through this module.
+Standard library only (no torch).
 """
 from __future__ import annotations
 
@@ -51,13 +58,9 @@ import zlib
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional, Union
 
-from .._io import atomic_write, fsync_dir
 from ..errors import MemgasError
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock
-    fcntl = None
+from . import files
+from .lock import FolderLock
 
 __all__ = ["WriteAheadLog", "WALStats", "WALError", "WALCorruptionError",
            "RecordTooLargeError", "MAGIC", "FORMAT_VERSION", "HEADER_BYTES",
@@ -66,7 +69,8 @@ __all__ = ["WriteAheadLog", "WALStats", "WALError", "WALCorruptionError",
 log = logging.getLogger("memgas_gpu.wal")
 
 MAGIC = b"MGAS-WAL"
-FORMAT_VERSION = 1
+#: the format this version writes (1: no group field; read only)
+FORMAT_VERSION = 2
 #: largest payload a record may hold: the writer refuses a larger one before writing
 #: anything, a reader takes a larger length for damage
 MAX_RECORD_BYTES = 64 << 20
@@ -74,15 +78,12 @@ MAX_RECORD_BYTES = 64 << 20
 DEFAULT_FILE_BYTES = 64 << 20
 _HEAD = struct.Struct("<8sIQ")  # magic, version, first LSN; then their CRC-32 (u32)
 HEADER_BYTES = _HEAD.size + 4
-_RECORD = struct.Struct("<IIQ")  # payload length, CRC-32 of (LSN + payload), LSN
+_RECORD = struct.Struct("<IIQQ")  # payload length, CRC-32, LSN, group
+_RECORD_V1 = struct.Struct("<IIQ")  # payload length, CRC-32 of (LSN + payload), LSN
 RECORD_HEADER_BYTES = _RECORD.size
 _U32 = struct.Struct("<I")
-_LSN = struct.Struct("<Q")
 _NAME = re.compile(r"^([0-9]{20})\.log$")
-#: the temporary file :func:`memgas_gpu._io.atomic_write` makes for a new log file
-_TMP = re.compile(r"^\.[0-9]{20}\.log\.[a-z0-9_]{8}\.tmp$")
 _NONZERO = re.compile(rb"[^\x00]")
-_LOCK = ".lock"
 
 
 class WALError(MemgasError):
@@ -120,13 +121,14 @@ def _header(first_lsn: int) -> bytes:
     return head + _U32.pack(zlib.crc32(head))
 
 
-def _frame(lsn: int, payload: bytes) -> bytes:
-    lsn_bytes = _LSN.pack(lsn)
-    crc = zlib.crc32(payload, zlib.crc32(lsn_bytes))
-    return _U32.pack(len(payload)) + _U32.pack(crc) + lsn_bytes + payload
+def _frame(lsn: int, group: int, payload: bytes) -> bytes:
+    tail = struct.pack("<QQ", lsn, group)
+    crc = zlib.crc32(payload, zlib.crc32(tail))
+    return _U32.pack(len(payload)) + _U32.pack(crc) + tail + payload
 
 
-def _check_header(path: Path, raw: bytes, first_lsn: int) -> None:
+def _check_header(path: Path, raw: bytes, first_lsn: int) -> int:
+    """The format version of a log file's header (checked: its checksum first)."""
     if len(raw) < HEADER_BYTES:
         raise WALCorruptionError(f"{path}: {len(raw)} bytes, shorter than the "
                                  f"{HEADER_BYTES}-byte header of a log file")
@@ -134,16 +136,18 @@ def _check_header(path: Path, raw: bytes, first_lsn: int) -> None:
     if magic != MAGIC:
         raise WALCorruptionError(f"{path}: not a memgas_gpu write-ahead log file (magic "
                                  f"{magic!r})")
+    if zlib.crc32(raw[:_HEAD.size]) != _U32.unpack_from(raw, _HEAD.size)[0]:
+        raise WALCorruptionError(f"{path}: offset 0: the header's checksum does not match "
+                                 "(a damaged header)")
     if version > FORMAT_VERSION:
         raise WALError(f"{path}: log format version {version} is newer than this "
                        f"memgas_gpu reads ({FORMAT_VERSION}); upgrade memgas_gpu")
-    if zlib.crc32(raw[:_HEAD.size]) != _U32.unpack_from(raw, _HEAD.size)[0]:
-        raise WALCorruptionError(f"{path}: offset 0: the header's checksum does not match")
     if version < 1:
         raise WALCorruptionError(f"{path}: offset 8: {version} is not a format version")
     if lsn != first_lsn:
         raise WALCorruptionError(f"{path}: offset 12: the header says the first record is "
                                  f"{lsn}, the file name says {first_lsn}")
+    return version
 
 
 class _Bad(Exception):
@@ -154,66 +158,86 @@ class _Bad(Exception):
         self.offset, self.why = offset, why
 
 
-def _records(f, first_lsn: int, end: int) -> Iterator[tuple[int, int, bytes]]:
-    """``(offset, LSN, payload)`` of each record of the log file ``f`` (positioned after
-    its header) up to offset ``end``.
+def _layout(version: int) -> tuple[struct.Struct, int]:
+    rec = _RECORD if version >= 2 else _RECORD_V1
+    return rec, rec.size
+
+
+def _records(f, first_lsn: int, end: int, version: int
+             ) -> Iterator[tuple[int, int, int, bytes]]:
+    """``(offset, LSN, group, payload)`` of each record of the log file ``f``
+    (positioned after its header) up to offset ``end`` (version-1 records: group 0).
 
     Raises:
         _Bad: at the first record that is cut short or invalid.
     """
+    rec, size = _layout(version)
     pos, lsn = HEADER_BYTES, first_lsn
     while pos < end:
-        head = f.read(RECORD_HEADER_BYTES) if end - pos >= RECORD_HEADER_BYTES else b""
-        if len(head) < RECORD_HEADER_BYTES:
+        head = f.read(size) if end - pos >= size else b""
+        if len(head) < size:
             raise _Bad(pos, f"a record cut short ({end - pos} bytes, less than a record "
                             "header)")
-        length, crc, got = _RECORD.unpack(head)
+        fields = rec.unpack(head)
+        length, crc, got = fields[0], fields[1], fields[2]
+        group = fields[3] if version >= 2 else 0
         if length > MAX_RECORD_BYTES:
             raise _Bad(pos, f"a record length of {length} bytes, more than the "
                             f"{MAX_RECORD_BYTES} a record may hold")
-        payload = f.read(length) if pos + RECORD_HEADER_BYTES + length <= end else b""
+        payload = f.read(length) if pos + size + length <= end else b""
         if len(payload) < length:
-            raise _Bad(pos, f"a record of {length} bytes cut short at "
-                            f"{end - pos - RECORD_HEADER_BYTES}")
+            raise _Bad(pos, f"a record of {length} bytes cut short at {end - pos - size}")
         if zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
             raise _Bad(pos, "a record whose checksum does not match")
         if got != lsn:
             raise _Bad(pos, f"record {got} where record {lsn} belongs")
-        yield pos, lsn, payload
-        pos += RECORD_HEADER_BYTES + length
+        if version >= 2 and not (0 < group <= lsn):
+            raise _Bad(pos, f"record {lsn} names group {group}")
+        yield pos, lsn, group, payload
+        pos += size + length
         lsn += 1
 
 
-def _valid_after(buf: bytes, lsn: int) -> Optional[tuple[int, int]]:
-    """``(offset, LSN)`` of the first valid record in ``buf`` (the rest of a file from
-    a bad record on) past offset 0 with an LSN from ``lsn`` on, or None: a torn tail
-    holds none, damage followed by good records does."""
-    hi = lsn + len(buf) // RECORD_HEADER_BYTES
-    q, last = 1, len(buf) - RECORD_HEADER_BYTES
+def _valid_after(buf: bytes, lsn: int, version: int) -> Optional[tuple[int, int, int]]:
+    """``(offset, LSN, group)`` of a valid record in ``buf`` (the rest of a file from a
+    bad record on, whose LSN should have been ``lsn``) past offset 0 that shows the
+    damage is not a torn last write: a record of a write begun after ``lsn``, or record
+    ``lsn`` itself (version 2); any valid record (version 1); None when there is
+    none."""
+    rec, size = _layout(version)
+    hi = lsn + len(buf) // size
+    q, last = 1, len(buf) - size
     while q <= last:
-        length, crc, got = _RECORD.unpack_from(buf, q)
+        fields = rec.unpack_from(buf, q)
+        length, crc, got = fields[0], fields[1], fields[2]
         if got == 0:  # no record has LSN 0: skip runs of zeros at C speed
             m = _NONZERO.search(buf, q + 8)
             if m is None:
                 return None
             q = max(q + 1, m.start() - 15)
             continue
-        if (lsn <= got <= hi and q + RECORD_HEADER_BYTES + length <= len(buf)
-                and zlib.crc32(buf[q + RECORD_HEADER_BYTES:q + RECORD_HEADER_BYTES + length],
-                               zlib.crc32(buf[q + 8:q + 16])) == crc):
-            return q, got
+        if (lsn <= got <= hi and q + size + length <= len(buf)
+                and zlib.crc32(buf[q + size:q + size + length],
+                               zlib.crc32(buf[q + 8:q + size])) == crc):
+            group = fields[3] if version >= 2 else 0
+            # a later write's record, or the record that belongs where the damage is
+            # (a write's records lie end to end from where it began): damage
+            if version < 2 or group > lsn or got == lsn:
+                return q, got, group
+            q += size + length  # same group as the damage: part of the torn write
+            continue
         q += 1
     return None
 
 
 def _list(folder: Path) -> list[tuple[int, Path]]:
     """``(first LSN, path)`` of the log files in ``folder``, in order."""
-    files = []
+    out = []
     for p in folder.iterdir():
         m = _NAME.match(p.name)
         if m:
-            files.append((int(m.group(1)), p))
-    return sorted(files)
+            out.append((int(m.group(1)), p))
+    return sorted(out)
 
 
 def _check_lsn(value, what: str) -> int:
@@ -222,44 +246,62 @@ def _check_lsn(value, what: str) -> int:
     return value
 
 
-def _iter_log(files: list[tuple[int, Path, Optional[int]]], after_lsn: int,
+def _damage(path: Path, bad: "_Bad", f, expected: int, version: int) -> Optional[str]:
+    """The refusal for a bad record of the last file when a later group's valid record
+    follows it (damage, not a torn write), else None."""
+    f.seek(bad.offset)
+    found = _valid_after(f.read(), expected, version)
+    if found is None:
+        return None
+    return (f"{path}: offset {bad.offset}: {bad.why}, and a valid record ({found[1]}) of a "
+            f"later write follows at offset {bad.offset + found[0]}: the log is damaged, "
+            "not cut short by a crash; not opened (nothing was changed)")
+
+
+def _iter_log(files_: list[tuple[int, Path, Optional[int]]], after_lsn: int,
               tolerant_tail: bool) -> Iterator[tuple[int, bytes]]:
-    """``(LSN, payload)`` of the records after ``after_lsn`` in ``files`` (first LSN,
+    """``(LSN, payload)`` of the records after ``after_lsn`` in ``files_`` (first LSN,
     path, end offset or None for the file's size).  A bad record in the last file ends
-    the iteration quietly when ``tolerant_tail`` (a writer may be appending to it)."""
-    for i, (first, path, end) in enumerate(files):
-        last = i == len(files) - 1
-        if not last and files[i + 1][0] <= after_lsn + 1:
+    the iteration quietly when ``tolerant_tail`` and no later write's record follows it
+    (a writer may be appending to it); otherwise it is damage."""
+    for i, (first, path, end) in enumerate(files_):
+        last = i == len(files_) - 1
+        if not last and files_[i + 1][0] <= after_lsn + 1:
             continue  # every record of this file is at or before after_lsn
         try:
             f = open(path, "rb")
         except FileNotFoundError:
-            raise WALError(f"{path}: removed while it was read (truncate_through): read "
-                           "again from a newer checkpoint") from None
+            raise WALError(f"{path}: removed while it was read (a checkpoint truncated the "
+                           "log): read again from the newer checkpoint") from None
         with f:
             size = os.fstat(f.fileno()).st_size if end is None else end
-            _check_header(path, f.read(HEADER_BYTES), first)
+            version = _check_header(path, f.read(HEADER_BYTES), first)
             expected = first
             try:
-                for _, lsn, payload in _records(f, first, size):
+                for _, lsn, _, payload in _records(f, first, size, version):
                     expected = lsn + 1
                     if lsn > after_lsn:
                         yield lsn, payload
             except _Bad as bad:
                 if last and tolerant_tail:
-                    return
+                    why = _damage(path, bad, f, expected, version)
+                    if why is None:
+                        return
+                    raise WALCorruptionError(why) from None
                 raise WALCorruptionError(f"{path}: offset {bad.offset}: {bad.why}") from None
-        if not last and expected != files[i + 1][0]:
+        if not last and expected != files_[i + 1][0]:
             raise WALCorruptionError(
-                f"{files[i + 1][1]}: the log jumps from record {expected - 1} (the last of "
-                f"{path.name}) to {files[i + 1][0]}: records are missing")
+                f"{files_[i + 1][1]}: the log jumps from record {expected - 1} (the last of "
+                f"{path.name}) to {files_[i + 1][0]}: records are missing")
 
 
-def _first_after(files, after_lsn: int, folder: Path) -> None:
-    if files and after_lsn + 1 < files[0][0]:
-        raise WALError(f"{folder}: records {after_lsn + 1} to {files[0][0] - 1} are no "
-                       "longer in the log (removed by truncate_through): replay from the "
-                       "checkpoint that covers them")
+def _first_after(files_, after_lsn: int, folder: Path) -> None:
+    if not files_:
+        raise WALCorruptionError(f"{folder}: holds no log file: the records after "
+                                 f"{after_lsn} are missing (a log file was deleted)")
+    if after_lsn + 1 < files_[0][0]:
+        raise WALError(f"{folder}: records {after_lsn + 1} to {files_[0][0] - 1} are not in "
+                       "the log (removed by a checkpoint that covers them, or deleted)")
 
 
 def _failure(e: BaseException, path: Path) -> BaseException:
@@ -287,32 +329,6 @@ class _Pending:
         self.done = False
 
 
-def _lock(folder: Path) -> int:
-    """The descriptor of ``folder/.lock``, locked exclusively (at once, or an error
-    naming the process that holds it)."""
-    path = folder / _LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as e:
-        raise WALError(f"{path}: cannot open the writer's lock ({e.strerror})") from None
-    if fcntl is None:  # pragma: no cover
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        who = f"process {holder}" if holder.isdigit() else "another writer"
-        raise WALError(f"{path}: the log is open for writing by {who}; one writer at a "
-                       "time (a reader uses WriteAheadLog.read)") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
 class WriteAheadLog:
     """The writer of a log folder (see the module docstring): open it with
     :meth:`open`, read a log without writing with :meth:`read`.
@@ -330,21 +346,31 @@ class WriteAheadLog:
     @classmethod
     def open(cls, folder: Union[str, os.PathLike], *,
              max_file_bytes: int = DEFAULT_FILE_BYTES,
-             max_record_bytes: int = MAX_RECORD_BYTES) -> "WriteAheadLog":
-        """Open the log in ``folder`` for appending (created with its parents when
-        missing), after checking every record and dropping a torn tail.
+             max_record_bytes: int = MAX_RECORD_BYTES, after: Optional[int] = None,
+             create: bool = True, lock: bool = True) -> "WriteAheadLog":
+        """Open the log in ``folder`` for appending, after checking every record and
+        dropping a torn tail.
 
         Args:
             max_file_bytes: the size past which the next group of appends goes to a
                 new file.
             max_record_bytes: the largest payload :meth:`append` accepts (at most
                 :data:`MAX_RECORD_BYTES`).
+            after: the log must hold every record after this LSN (a checkpoint covers
+                the ones before): its first file starts at ``after + 1`` or earlier, and
+                its records reach ``after``; a new log starts at ``after + 1`` (None: no
+                such requirement; a new log starts at 1).
+            create: make the folder and a first file when the folder holds none (else
+                that is an error: records may be missing).
+            lock: take the folder's lock (False: the caller holds the lock of a folder
+                around this one).
 
         Raises:
-            WALError: ``folder`` is a file, another writer holds the log, a file is of
-                a newer format.
-            WALCorruptionError: damage no crash during an append leaves (names the file
-                and the offset); nothing was changed.
+            IndexLockError: another writer holds the log.
+            WALError: ``folder`` is a file, a file is of a newer format.
+            WALCorruptionError: damage no crash during an append leaves, or records
+                after ``after`` missing (names the file and the offset); nothing was
+                changed.
             OSError: reading or writing the folder failed.
         """
         for name, value, top in (("max_file_bytes", max_file_bytes, None),
@@ -353,12 +379,16 @@ class WriteAheadLog:
                     or (top is not None and value > top):
                 bound = f"from 1 to {top}" if top else "from 1"
                 raise ValueError(f"{name}: expected an integer {bound}, got {value!r}")
+        required = after is not None
+        after = _check_lsn(after, "after") if required else 0
         folder = Path(folder)
         if folder.exists() and not folder.is_dir():
             raise WALError(f"{folder}: exists and is not a folder")
         if not folder.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            fsync_dir(folder.parent, strict=True)
+            if not create:
+                raise WALCorruptionError(f"{folder}: missing: the records after {after} "
+                                         "are lost (the log folder was deleted)")
+            files.make_dirs(folder)
         self = object.__new__(cls)
         self._folder = folder
         self._max_file = max_file_bytes
@@ -371,43 +401,54 @@ class WriteAheadLog:
         self._fd = -1
         self._files: list[tuple[int, Path]] = []
         self._size = 0  # the current file's acknowledged end
-        self._next_lsn = 1
+        self._next_lsn = after + 1
         self._appends = self._fsyncs = self._dir_fsyncs = self._bytes = 0
-        self._lock_fd = _lock(folder)
+        self._lock = FolderLock(folder, what="the log is open for writing") if lock else None
+        if self._lock is not None:
+            self._lock.acquire()
         try:
-            self._recover()
+            self._recover(after, create, required)
         except BaseException:
             if self._fd >= 0:
                 os.close(self._fd)
-            os.close(self._lock_fd)
+            if self._lock is not None:
+                self._lock.release()
             raise
         return self
 
-    def _recover(self) -> None:
+    def _recover(self, after: int, create: bool, required: bool) -> None:
         folder = self._folder
-        leftovers = [p for p in folder.iterdir() if _TMP.match(p.name)]
-        for p in leftovers:  # a new file a killed writer never renamed into place
-            p.unlink()
-        if leftovers:
-            self._sync_dir()
-        files = _list(folder)
-        if not files:
-            self._create(1)
+        leftovers = [p for p in folder.iterdir() if files.is_temporary(p.name)]
+        if leftovers:  # a new file a killed writer never renamed into place
+            files.remove(leftovers)
+            self._dir_fsyncs += 1
+        found = _list(folder)
+        if not found:
+            if not create:
+                raise WALCorruptionError(f"{folder}: holds no log file: the records after "
+                                         f"{after} are missing (a log file was deleted)")
+            self._create(after + 1)
             return
-        expected, torn = files[0][0], None
-        for i, (first, path) in enumerate(files):
+        if required and found[0][0] > after + 1:
+            raise WALCorruptionError(
+                f"{found[0][1]}: the log starts at record {found[0][0]}, but records from "
+                f"{after + 1} on are not in the last checkpoint: a log file was deleted")
+        expected, torn = found[0][0], None
+        version = FORMAT_VERSION
+        for i, (first, path) in enumerate(found):
             if first != expected:
                 raise WALCorruptionError(
                     f"{path}: the log jumps from record {expected - 1} (the last of "
-                    f"{files[i - 1][1].name}) to {first}: records are missing")
-            last = i == len(files) - 1
+                    f"{found[i - 1][1].name}) to {first}: records are missing")
+            last = i == len(found) - 1
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                _check_header(path, f.read(HEADER_BYTES), first)
+                version = _check_header(path, f.read(HEADER_BYTES), first)
                 end = HEADER_BYTES
                 try:
-                    for pos, lsn, payload in _records(f, first, size):
-                        expected, end = lsn + 1, pos + RECORD_HEADER_BYTES + len(payload)
+                    for pos, lsn, _, payload in _records(f, first, size, version):
+                        expected = lsn + 1
+                        end = pos + _layout(version)[1] + len(payload)
                 except _Bad as bad:
                     where = f"{path}: offset {bad.offset}: {bad.why}"
                     if not last:
@@ -415,52 +456,40 @@ class WriteAheadLog:
                             f"{where}, in a file before the last: the log is damaged, not "
                             "cut short by a crash; not opened (nothing was changed)") \
                             from None
-                    f.seek(bad.offset)
-                    found = _valid_after(f.read(), expected)
-                    if found is not None:
-                        raise WALCorruptionError(
-                            f"{where}, and a valid record ({found[1]}) follows at offset "
-                            f"{bad.offset + found[0]}: the log is damaged, not cut short by "
-                            "a crash; not opened (nothing was changed)") from None
+                    why = _damage(path, bad, f, expected, version)
+                    if why is not None:
+                        raise WALCorruptionError(why) from None
                     torn = (end, size - end)
-        path = files[-1][1]
-        self._files = files
+        if required and expected - 1 < after:
+            raise WALCorruptionError(
+                f"{found[-1][1]}: the log ends at record {expected - 1}, before record "
+                f"{after} that the checkpoint covers: log files were deleted or replaced")
+        path = found[-1][1]
+        self._files = found
         self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         if torn is not None:
             os.ftruncate(self._fd, torn[0])
         os.fsync(self._fd)  # what a killed writer wrote but never synced: durable now
         self._fsyncs += 1
         if torn is not None:
-            after = f"record {expected - 1}" if expected > files[-1][0] else "the header"
-            log.warning(f"{path}: dropped a torn tail of {torn[1]} bytes after {after} "
-                        f"(offset {torn[0]}): an append cut short by a crash, never "
-                        "acknowledged")
+            at = f"record {expected - 1}" if expected > found[-1][0] else "the header"
+            log.warning(f"{path}: dropped {torn[1]} bytes after {at} (offset {torn[0]}): the "
+                        "last write, cut short by a crash before its fsync returned")
         self._size, self._next_lsn = end, expected
+        if version < FORMAT_VERSION:  # never append to a file of an older format
+            self._create(expected)
 
     def _sync_dir(self) -> None:
-        fsync_dir(self._folder, strict=True)
+        files.sync_dir(self._folder)
         self._dir_fsyncs += 1
 
     def _create(self, first_lsn: int) -> None:
         """Start the file of records from ``first_lsn`` on and make it the current one."""
         path = self._folder / _name(first_lsn)
-        with atomic_write(path, "wb") as f:  # temporary name, fsync'd, renamed
-            f.write(_header(first_lsn))
+        files.replace(path, _header(first_lsn), "a new log file")  # fsync'd, renamed
         self._fsyncs += 1
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                self._sync_dir()
-            except BaseException:
-                os.close(fd)
-                raise
-        except BaseException:
-            try:  # a file the log will not use must not stay: the next one takes its name
-                path.unlink()
-                fsync_dir(self._folder)
-            except OSError as e:
-                self._failed = f"could not remove {path.name} after a failed rotation ({e})"
-            raise
+        self._dir_fsyncs += 1
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         if self._fd >= 0:
             os.close(self._fd)  # synced with its last group
         self._fd = fd
@@ -565,12 +594,12 @@ class WriteAheadLog:
                            "it is reopened")
         if self._size >= self._max_file and self._size > HEADER_BYTES:
             self._create(first)
-        frames = b"".join(_frame(first + k, req.payload) for k, req in enumerate(batch))
+        frames = b"".join(_frame(first + k, first, req.payload)
+                          for k, req in enumerate(batch))
         start = self._size
+        path = self._files[-1][1]
         try:
-            view, done = memoryview(frames), 0
-            while done < len(frames):
-                done += os.pwrite(self._fd, view[done:], start + done)
+            files.append_at(self._fd, frames, start, path, "a log record")
         except BaseException:
             self._undo(start, None)
             raise
@@ -651,7 +680,7 @@ class WriteAheadLog:
                 self._rotate()
             removed = 0
             while len(self._files) > 1 and self._files[1][0] - 1 <= lsn:
-                self._files[0][1].unlink()  # oldest first: a crash leaves a suffix
+                os.unlink(self._files[0][1])  # oldest first: a crash leaves a suffix
                 del self._files[0]
                 removed += 1
             if removed:
@@ -673,28 +702,29 @@ class WriteAheadLog:
         with self._cond:
             if self._closed:
                 raise WALError(f"{self._folder}: the log is closed")
-            files = [(first, path, None) for first, path in self._files[:-1]]
-            files.append((*self._files[-1], self._size))
-        _first_after(files, after_lsn, self._folder)
-        return _iter_log(files, after_lsn, tolerant_tail=False)
+            files_ = [(first, path, None) for first, path in self._files[:-1]]
+            files_.append((*self._files[-1], self._size))
+        _first_after(files_, after_lsn, self._folder)
+        return _iter_log(files_, after_lsn, tolerant_tail=False)
 
     @staticmethod
     def read(folder: Union[str, os.PathLike], after_lsn: int = 0) -> Iterator[tuple[int, bytes]]:
         """``(LSN, payload)`` of the records after ``after_lsn`` in the log ``folder``,
         without the lock and without changing anything: a writer may be appending, so
-        the last file is read up to its first incomplete or invalid record, quietly.
+        the last file is read up to a tail it may still be writing, quietly; damage
+        followed by a later write's record is refused, as a writer refuses it.
 
         Raises:
             WALError: no such folder, or records after ``after_lsn`` were removed.
-            WALCorruptionError: a file before the last is damaged, or files are missing.
+            WALCorruptionError: damage, or files are missing.
         """
         after_lsn = _check_lsn(after_lsn, "after_lsn")
         folder = Path(folder)
         if not folder.is_dir():
             raise WALError(f"{folder}: no such log folder")
-        files = [(first, path, None) for first, path in _list(folder)]
-        _first_after(files, after_lsn, folder)
-        return _iter_log(files, after_lsn, tolerant_tail=True)
+        files_ = [(first, path, None) for first, path in _list(folder)]
+        _first_after(files_, after_lsn, folder)
+        return _iter_log(files_, after_lsn, tolerant_tail=True)
 
     # ---------------------------------------------------------------- state
     @property
@@ -708,7 +738,8 @@ class WriteAheadLog:
 
     @property
     def last_lsn(self) -> int:
-        """The LSN of the last acknowledged record (0 before the first)."""
+        """The LSN of the last acknowledged record (the LSN before the log's first when
+        it holds none)."""
         return self._next_lsn - 1
 
     @property
@@ -728,16 +759,20 @@ class WriteAheadLog:
                     self._cond.wait()
                 return
             self._closing = True
-            while self._queue or self._busy:
-                if self._busy:
-                    self._cond.wait()
-                else:
-                    self._lead()
-            os.close(self._fd)
-            os.close(self._lock_fd)
-            self._fd = self._lock_fd = -1
-            self._closed = True
-            self._cond.notify_all()
+            try:
+                while self._queue or self._busy:
+                    if self._busy:
+                        self._cond.wait()
+                    else:
+                        self._lead()
+            finally:
+                if self._fd >= 0:
+                    os.close(self._fd)
+                if self._lock is not None:
+                    self._lock.release()
+                self._fd = -1
+                self._closed = True
+                self._cond.notify_all()
 
     def __enter__(self) -> "WriteAheadLog":
         return self

@@ -1,74 +1,118 @@
-"""The write-ahead log's records of a durable memory: one per acknowledged write.
+"""The write-ahead log's records: one per acknowledged write of a memory.
 
-A record is a safetensors blob (:func:`safetensors.torch.save`): its metadata holds the
-operation as JSON (``{"op": "add" | "remove" | "forget", ...}``), its tensors the
-embeddings an ``add`` stored (:class:`~memgas_gpu.memory.writes.Encoded`), so that a
-replay links exactly what was acknowledged without the encoder.  No pickle: a record
-is data.
+A write is one or more operations (:mod:`memgas_gpu.memory.writes`: ``AddOp``,
+``RemoveOp``, ``ForgetOp``, ``ReplaceOp``) applied together: ``add_session`` is one,
+``add_sessions`` is several in one record, so a replay applies all of them or none.  A
+record is a safetensors blob (:func:`safetensors.torch.save`): its metadata holds the
+operations as JSON (``{"v": 2, "ops": [{"op": "add", ...}, ...]}``), its tensors the
+embeddings each add stored (:class:`~memgas_gpu.memory.writes.Encoded`, under
+``"<i>.row"``, ``"<i>.turns"``, ``"<i>.dense.<table>"``), so that a replay links exactly
+what was acknowledged without the encoder.  Records of one operation written before
+batches existed (``{"op": ...}``) are read too.  No pickle: a record is data, checked
+when decoded (types, shapes, finite embeddings).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Optional
 
 from ..data.model import Session
 from ..errors import MemgasError
-from ..memory.writes import Encoded
+from ..memory.writes import AddOp, Encoded, ForgetOp, Op, RemoveOp, ReplaceOp
 
-__all__ = ["Record", "RecordError", "add_record", "remove_record", "forget_record",
-           "decode"]
+__all__ = ["RecordError", "encode", "decode"]
 
-_OPS = ("add", "remove", "forget")
+_VERSION = 2
 
 
 class RecordError(MemgasError):
     """A log record that is not one this version writes (damaged or foreign)."""
 
 
-@dataclass(frozen=True)
-class Record:
-    """A decoded log record (``op`` and what it needs)."""
+def _op_json(i: int, op: Op, tensors: dict) -> dict:
+    if isinstance(op, AddOp):
+        e = op.encoded
+        tensors[f"{i}.row"] = e.row.float()
+        tensors[f"{i}.turns"] = e.turns.float()
+        tensors.update({f"{i}.dense.{k}": v.float() for k, v in e.dense.items()})
+        s = op.session
+        return {"op": "replace" if isinstance(op, ReplaceOp) else "add",
+                "conversation": op.conversation_id,
+                "session": {"id": s.id, "date": s.date, "turns": list(s.turns),
+                            "first_lengths": list(s.first_lengths or ())},
+                "summary": op.summary, "keywords": op.keywords,
+                "metadata": op.metadata or {}}
+    if isinstance(op, RemoveOp):
+        return {"op": "remove", "conversation": op.conversation_id, "session": op.session_id}
+    if isinstance(op, ForgetOp):
+        return {"op": "forget", "conversation": op.conversation_id}
+    raise TypeError(f"not a memory operation: {type(op).__name__}")
 
-    op: str
-    conversation_id: str
-    session: Optional[Session] = None  # add
-    summary: Optional[str] = None  # add
-    keywords: Optional[str] = None  # add
-    encoded: Optional[Encoded] = None  # add
-    session_id: Optional[str] = None  # remove
-    metadata: Optional[dict] = None  # add
 
-
-def _blob(meta: dict, tensors: dict) -> bytes:
+def encode(ops) -> bytes:
+    """The record of one write: the operations ``ops`` (one, or a batch) applied
+    together."""
     from safetensors.torch import save
 
+    tensors: dict = {}
+    body = [_op_json(i, op, tensors) for i, op in enumerate(ops)]
     return save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                metadata={"record": json.dumps(meta, ensure_ascii=False)})
+                metadata={"record": json.dumps({"v": _VERSION, "ops": body},
+                                               ensure_ascii=False)})
 
 
-def add_record(conversation_id: str, session: Session, summary: str, keywords: str,
-               encoded: Encoded, metadata: Optional[dict] = None) -> bytes:
-    t = {"row": encoded.row.float(), "turns": encoded.turns.float()}
-    t.update({f"dense.{k}": v.float() for k, v in encoded.dense.items()})
-    return _blob({"op": "add", "conversation": conversation_id,
-                  "session": {"id": session.id, "date": session.date,
-                              "turns": list(session.turns),
-                              "first_lengths": list(session.first_lengths or ())},
-                  "summary": summary, "keywords": keywords, "metadata": metadata or {}}, t)
+def _str(x, what: str) -> str:
+    if not isinstance(x, str):
+        raise ValueError(f"{what}: expected a string")
+    return x
 
 
-def remove_record(conversation_id: str, session_id: str) -> bytes:
-    return _blob({"op": "remove", "conversation": conversation_id,
-                  "session": session_id}, {})
+def _embeddings(tensors: dict, prefix: str, n_turns: int) -> Encoded:
+    import torch
+
+    row, turns = tensors[f"{prefix}row"], tensors[f"{prefix}turns"]
+    dense = {k[len(prefix) + 6:]: v for k, v in tensors.items()
+             if k.startswith(prefix + "dense.")}
+    if row.dim() != 2 or row.shape[0] != 4:
+        raise ValueError(f"embeddings of shape {tuple(row.shape)}, not [4, d]")
+    d = row.shape[1]
+    if tuple(turns.shape) != (n_turns, d):
+        raise ValueError(f"turn embeddings of shape {tuple(turns.shape)}, not [{n_turns}, {d}]")
+    for k, v in dense.items():
+        if tuple(v.shape) != (d,):
+            raise ValueError(f"table {k!r} of shape {tuple(v.shape)}, not [{d}]")
+    for x in (row, turns, *dense.values()):
+        if x.dtype != torch.float32:
+            raise ValueError(f"embeddings of dtype {x.dtype}")
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            raise ValueError("embeddings holding NaN or inf")
+    return Encoded(row, dense, turns)
 
 
-def forget_record(conversation_id: str) -> bytes:
-    return _blob({"op": "forget", "conversation": conversation_id}, {})
+def _op(m: dict, tensors: dict, prefix: str) -> Op:
+    from ..retrieve.filters import check_metadata
+
+    op, conv = m["op"], _str(m["conversation"], "conversation")
+    if op == "remove":
+        return RemoveOp(conv, _str(m["session"], "session id"))
+    if op == "forget":
+        return ForgetOp(conv)
+    if op not in ("add", "replace"):
+        raise ValueError(f"operation {op!r}")
+    s = m["session"]
+    turns = s["turns"]
+    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise ValueError("session turns")
+    session = Session(_str(s["id"], "session id"), _str(s["date"], "session date"),
+                      tuple(turns), tuple(int(x) for x in s.get("first_lengths") or ()))
+    enc = _embeddings(tensors, prefix, len(turns))
+    md = check_metadata(m.get("metadata") or {}, "metadata")
+    cls = ReplaceOp if op == "replace" else AddOp
+    return cls(conv, session, _str(m["summary"], "summary"), _str(m["keywords"], "keywords"),
+               enc, metadata=md)
 
 
-def decode(payload: bytes, where: str) -> Record:
-    """The :class:`Record` of ``payload`` (``where``: the log file and LSN, for errors).
+def decode(payload: bytes, where: str) -> list:
+    """The operations of a record (``where``: the log file and LSN, for errors).
 
     Raises:
         RecordError: not a record of this format (one line naming ``where``).
@@ -77,34 +121,19 @@ def decode(payload: bytes, where: str) -> Record:
 
     try:
         tensors = load(payload)
-        meta = _metadata(payload)
-        m = json.loads(meta["record"])
-        op, conv = m["op"], m["conversation"]
-        if op not in _OPS or not isinstance(conv, str):
-            raise ValueError(f"operation {op!r}")
-        if op == "remove":
-            if not isinstance(m["session"], str):
-                raise ValueError("session id")
-            return Record(op, conv, session_id=m["session"])
-        if op == "forget":
-            return Record(op, conv)
-        s = m["session"]
-        if not (isinstance(s["id"], str) and isinstance(s["date"], str)
-                and all(isinstance(t, str) for t in s["turns"])
-                and isinstance(m["summary"], str) and isinstance(m["keywords"], str)):
-            raise ValueError("session fields")
-        session = Session(s["id"], s["date"], tuple(s["turns"]),
-                          tuple(int(x) for x in s.get("first_lengths") or ()))
-        dense = {k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")}
-        enc = Encoded(tensors["row"], dense, tensors["turns"])
-        md = m.get("metadata") or {}
-        if not isinstance(md, dict):
-            raise ValueError("metadata")
-        return Record(op, conv, session, m["summary"], m["keywords"], enc, metadata=md)
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError, RuntimeError) as e:
+        m = json.loads(_metadata(payload)["record"])
+        if not isinstance(m, dict):
+            raise ValueError("not an object")
+        if "ops" not in m:  # one operation, as written before batches existed
+            return [_op(m, {k: v for k, v in tensors.items()}, "")]
+        if m.get("v") != _VERSION or not isinstance(m["ops"], list) or not m["ops"]:
+            raise ValueError(f"record version {m.get('v')!r}")
+        return [_op(o, tensors, f"{i}.") for i, o in enumerate(m["ops"])]
+    except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError,
+            RuntimeError) as e:
         raise RecordError(f"{where}: not a memory log record ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:160]})") from None
-    except Exception as e:  # safetensors' own errors
+    except Exception as e:  # noqa: BLE001 - safetensors' own errors
         raise RecordError(f"{where}: not a memory log record ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:160]})") from None
 
@@ -119,11 +148,3 @@ def _metadata(payload: bytes) -> dict:
     if not isinstance(meta, dict) or not isinstance(meta.get("record"), str):
         raise ValueError("no record metadata")
     return meta
-
-
-def as_tensor_rows(encoded: Encoded) -> Encoded:
-    """``encoded`` with float32 CPU tensors (what the store keeps)."""
-    return Encoded(encoded.row.float().cpu(), {k: v.float().cpu() for k, v in
-                                                encoded.dense.items()},
-                   encoded.turns.float().cpu())
-

@@ -1,6 +1,11 @@
-"""Validation of an index folder's manifest and tensors before a :class:`MemoryIndex`
-is made of them (``docs/index-format.md``, ``docs/failure.md``), on load and, before
-anything is written, on save.
+"""Validation of what every reader reads (a commit, an older folder, a log record's
+session) before a :class:`MemoryIndex` is made of it (``docs/index-format.md``,
+``docs/failure.md``): one set of checks over the *parts* of a memory —
+:func:`check_header` (settings and records), :func:`check_conversations`,
+:func:`check_questions`, :func:`check_store` (the session store's tensors),
+:func:`check_segments` (each conversation's slots, dates and graphs) — run by
+:func:`check_parts` on every path that reads a folder, and by ``save`` on what it is
+about to write.
 
 Every inconsistency (a missing or mistyped key, a value out of range, an unknown graph
 or tokenizer, an exact dtype, a shape, offset or index out of range, text that is not
@@ -15,7 +20,6 @@ from __future__ import annotations
 import codecs
 import re
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
@@ -29,8 +33,8 @@ from ..retrieve.signals import MODULE_NAME, RESERVED_TABLES
 from ..retrieve.filters import check_metadata
 from ..memory.store import DIGEST_BYTES
 
-__all__ = ["IndexFormatError", "check_manifest", "check_tensors", "tensor_checksums",
-           "EMBEDDINGS", "MAX_SETTING"]
+__all__ = ["IndexFormatError", "check_parts", "check_header", "check_conversations",
+           "check_questions", "check_store", "check_segments", "EMBEDDINGS", "MAX_SETTING"]
 
 #: tensors holding embeddings: refused when they hold NaN or inf
 EMBEDDINGS = ("gran", "concat", "q_emb", "turns")
@@ -98,9 +102,10 @@ def _check_params(where: str, params: dict) -> None:
                                    f"[{spec.lo}, {spec.hi}]")
 
 
-def check_manifest(where: str, m: Any) -> None:
-    """Types, ranges and keys of a full (not pointer) manifest; ``where`` names the
-    file."""
+def check_header(where: str, m: Any) -> None:
+    """Types, ranges and keys of a memory's settings and records: ``params``,
+    ``graphs``, ``config`` (the encoder record included), ``signal_modules``,
+    ``tables``, ``lexical``; ``where`` names the file."""
     if not isinstance(m, dict):
         raise IndexFormatError(f"{where}: expected a JSON object, got {type(m).__name__}")
     _check_params(where, _want(where, m, "params", dict, "params"))
@@ -124,9 +129,40 @@ def check_manifest(where: str, m: Any) -> None:
         check_encoder_record(config)
     except EncoderRecordError as e:
         raise IndexFormatError(f"{where}: {e}") from None
-    convs = _want(where, m, "conversations", list, "conversations")
+    mods = m.get("signal_modules")
+    if mods is not None:  # optional: the modules of custom signals
+        _want(where, m, "signal_modules", dict, "signal_modules")
+        for k, v in mods.items():
+            if not isinstance(v, str) or not MODULE_NAME.fullmatch(v) or not _NAME.fullmatch(k):
+                raise IndexFormatError(f"{where}: field 'signal_modules.{k[:40]}': expected "
+                                       "a module name (dotted identifiers)")
+    if m.get("tables") is not None:  # dense tables of signals with a text of their own
+        _names(where, _want(where, m, "tables", list, "tables"), "tables")
+    lex = m.get("lexical")
+    if lex is not None:
+        _want(where, m, "lexical", dict, "lexical")
+        if "granularities" in lex:
+            keys = _want(where, lex, "granularities", list, "lexical.granularities")
+            _names(where, keys, "lexical.granularities")
+            if not set(_LEXICAL_GROUPS[:-1]) <= set(keys):
+                raise IndexFormatError(f"{where}: field 'lexical.granularities': must hold "
+                                       f"{', '.join(_LEXICAL_GROUPS[:-1])}")
+        tok = _want(where, lex, "tokenizer", dict, "lexical.tokenizer")
+        try:
+            Tokenizer.check_config(tok)
+        except ValueError as e:
+            field, _, what = str(e).partition(": ")
+            raise IndexFormatError(f"{where}: field 'lexical.tokenizer.{field}': {what}") \
+                from None
+
+
+def check_conversations(where: str, convs: Any, field: str = "conversations") -> None:
+    """Each conversation's record ``{"id", "session_ids", "session_dates",
+    "session_metadata"}``: strings, equal lengths, valid metadata, unique ids."""
+    if not isinstance(convs, list):
+        raise IndexFormatError(f"{where}: field {field!r}: expected a list")
     for c, conv in enumerate(convs):
-        f = f"conversations[{c}]"
+        f = f"{field}[{c}]"
         _want(where, conv, "id", str, f"{f}.id")
         ids = _want(where, conv, "session_ids", list, f"{f}.session_ids")
         dates = _want(where, conv, "session_dates", list, f"{f}.session_dates")
@@ -147,46 +183,161 @@ def check_manifest(where: str, m: Any) -> None:
                 except (TypeError, ValueError) as e:
                     raise IndexFormatError(f"{where}: field {e}") from None
         _unique(where, ids, f"{f}.session_ids", "session id")
-    _unique(where, [c["id"] for c in convs], "conversations", "conversation id")
-    for i, q in enumerate(_want(where, m, "questions", list, "questions")):
+    _unique(where, [c["id"] for c in convs], field, "conversation id")
+
+
+def check_questions(where: str, records: Any, conversations: Any, conv_ids) -> None:
+    """The dataset's questions: each record's fields, and the conversation each asks
+    about (one of ``conv_ids``)."""
+    if not isinstance(records, list):
+        raise IndexFormatError(f"{where}: field 'questions': expected a list")
+    for i, q in enumerate(records):
         for k, typ in _QUESTION.items():
             _want(where, q, k, typ, f"questions[{i}].{k}")
         _strings(where, q["evidence_session_ids"], f"questions[{i}].evidence_session_ids")
         if "evidence_turn_ids" in q:  # optional: indexes written before turn evidence
             _want(where, q, "evidence_turn_ids", list, f"questions[{i}].evidence_turn_ids")
             _strings(where, q["evidence_turn_ids"], f"questions[{i}].evidence_turn_ids")
-    mods = m.get("signal_modules")
-    if mods is not None:  # optional: the modules of custom signals
-        _want(where, m, "signal_modules", dict, "signal_modules")
-        for k, v in mods.items():
-            if not isinstance(v, str) or not MODULE_NAME.fullmatch(v) or not _NAME.fullmatch(k):
-                raise IndexFormatError(f"{where}: field 'signal_modules.{k[:40]}': expected "
-                                       "a module name (dotted identifiers)")
-    if "tables" in m:  # dense tables of signals with a text of their own ("concat", ...)
-        _names(where, _want(where, m, "tables", list, "tables"), "tables")
-    lex = m.get("lexical")
+    if not isinstance(conversations, list) or len(conversations) != len(records):
+        raise IndexFormatError(f"{where}: field 'question_conversations': expected one "
+                               "conversation id per question")
+    known = set(conv_ids)
+    for i, c in enumerate(conversations):
+        if c not in known:
+            raise IndexFormatError(f"{where}: field 'question_conversations[{i}]': "
+                                   f"{str(c)[:80]!r} is not a conversation of the index")
+
+
+def _finite(where: str, name: str, x: Tensor) -> None:
+    # a norm that overflows float32 (|x| ~ 1e19) would make NaN similarities too
+    if not x.numel():
+        return
+    norms = torch.linalg.vector_norm(x.float(), dim=-1)
+    if not bool(torch.isfinite(norms).all()):
+        bad = int((~torch.isfinite(norms)).sum())
+        raise IndexFormatError(f"{where}: tensor {name!r}: {bad} embedding(s) hold NaN or "
+                               "inf, or overflow (a corrupted file or a bad encoder output); "
+                               "rebuild the index")
+
+
+def _terms(where: str, name: str, indptr: Tensor, indices: Tensor, tf: Tensor,
+           n_rows: Optional[int], n_terms: int) -> None:
+    t = {f"{name}.indptr": indptr, f"{name}.indices": indices}
+    _csr(where, t, name, n_rows, n_terms)
+    _tensor(where, {f"{name}.tf": tf}, f"{name}.tf", 1, _FLOATS)
+    if tf.numel() != indices.numel():
+        raise IndexFormatError(f"{where}: tensor '{name}.tf': {tf.numel()} counts for "
+                               f"{indices.numel()} terms")
+    if not bool(torch.isfinite(tf).all()) or bool((tf < 0).any()):
+        raise IndexFormatError(f"{where}: tensor '{name}.tf': negative, NaN or inf term "
+                               "counts")
+
+
+def check_store(where: str, s: dict, header: dict) -> tuple[int, int, int]:
+    """The session store's tensors (``gran``, the dense tables, digests, turn pointers,
+    embeddings and texts, lexical documents and vocabulary) against the header;
+    returns ``(slots, dim, vocabulary terms)``."""
+    t = {"gran": s.get("gran")} if s.get("gran") is not None else {}
+    gran = _tensor(where, t, "gran", 3, _FLOATS, shape=(None, 4, None))
+    n_slots, dim = gran.shape[0], gran.shape[2]
+    if header.get("dim") is not None and header["dim"] != dim:
+        raise IndexFormatError(f"{where}: field 'dim': {header['dim']}, the embeddings have "
+                               f"{dim}")
+    tables = header.get("tables")
+    dense = s.get("dense") or {}
+    if tables is not None and sorted(tables) != sorted(dense):
+        raise IndexFormatError(f"{where}: field 'tables': {sorted(tables)}, the store holds "
+                               f"{sorted(dense)}")
+    for name, x in dense.items():
+        _tensor(where, {name: x}, name, 2, _FLOATS, shape=(n_slots, dim))
+        _finite(where, name, x)
+    _finite(where, "gran", gran)
+    if s.get("digest") is not None:
+        _tensor(where, {"slot_digest": s["digest"]}, "slot_digest", 2, _BYTES,
+                shape=(n_slots, DIGEST_BYTES))
+    if s.get("turn_ptr") is not None:
+        ptr = _tensor(where, {"turn_ptr": s["turn_ptr"]}, "turn_ptr", 1,
+                      shape=(n_slots + 1,))
+        _pointers(where, "turn_ptr", ptr)
+        n_turns = int(ptr[-1])
+        if s.get("turns") is not None:
+            _tensor(where, {"turns": s["turns"]}, "turns", 2, _FLOATS, shape=(n_turns, dim))
+            _finite(where, "turns", s["turns"])
+        if s.get("turn_text") is not None:
+            tt = s["turn_text"]
+            _texts(where, {"turn_text.bytes": tt.data, "turn_text.offsets": tt.offsets},
+                   "turn_text", n_turns)
+    elif s.get("turns") is not None or s.get("turn_text") is not None:
+        raise IndexFormatError(f"{where}: tensor 'turn_ptr': missing")
+    n_terms = 0
+    lex = s.get("lexical")
+    if (lex is None) != (header.get("lexical") is None):
+        raise IndexFormatError(f"{where}: field 'lexical': the header and the store disagree "
+                               "on lexical documents")
     if lex is not None:
-        _want(where, m, "lexical", dict, "lexical")
-        if "granularities" in lex:
-            keys = _want(where, lex, "granularities", list, "lexical.granularities")
-            _names(where, keys, "lexical.granularities")
-            if not set(_LEXICAL_GROUPS[:-1]) <= set(keys):
-                raise IndexFormatError(f"{where}: field 'lexical.granularities': must hold "
-                                       f"{', '.join(_LEXICAL_GROUPS[:-1])}")
-        tok = _want(where, lex, "tokenizer", dict, "lexical.tokenizer")
-        try:
-            Tokenizer.check_config(tok)
-        except ValueError as e:
-            field, _, what = str(e).partition(": ")
-            raise IndexFormatError(f"{where}: field 'lexical.tokenizer.{field}': {what}") \
-                from None
-    sums = m.get("tensor_crc32")
-    if sums is not None:
-        _want(where, m, "tensor_crc32", dict, "tensor_crc32")
-        for k, v in sums.items():
-            if type(v) is not int or not 0 <= v < 1 << 32:
-                raise IndexFormatError(f"{where}: field 'tensor_crc32.{k[:80]}': expected "
-                                       "an integer from 0 to 2**32 - 1")
+        docs, ptrs, vocab_bytes, vocab_offsets = lex
+        _texts(where, {"vocab.bytes": vocab_bytes, "vocab.offsets": vocab_offsets}, "vocab",
+               None)
+        n_terms = vocab_offsets.numel() - 1
+        want = header["lexical"].get("granularities") or list(_LEXICAL_GROUPS[:-1])
+        if sorted(want) != sorted(docs):
+            raise IndexFormatError(f"{where}: field 'lexical.granularities': {sorted(want)}, "
+                                   f"the store holds {sorted(docs)}")
+        for g, (indptr, indices, tf) in docs.items():
+            _terms(where, f"lexical.{g}", indptr, indices, tf, None, n_terms)
+            ptr = _tensor(where, {"p": ptrs[g]}, "p", 1, shape=(n_slots + 1,))
+            _pointers(where, f"lexical.{g}.doc_ptr", ptr, indptr.numel() - 1)
+    return n_slots, dim, n_terms
+
+
+def check_segments(where: str, segments: list, n_slots: int, graphs: list) -> None:
+    """Each conversation's slots (``[n]`` int64 into the store), parsed dates (``[n]``
+    float64) and association graphs (one per name of ``graphs``: CSR over its ``4n``
+    nodes)."""
+    check_conversations(where, [m for m, *_ in segments])
+    for c, (meta, slots, days, g) in enumerate(segments):
+        w = f"{where}: conversation {meta['id'][:80]!r}"
+        n = len(meta["session_ids"])
+        _tensor(w, {"slots": slots}, "slots", 1, shape=(n,))
+        _in_range(w, "slots", slots, 0, n_slots)
+        if days is not None:
+            _tensor(w, {"days": days}, "days", 1, (torch.float64,), shape=(n,))
+        missing = set(graphs) - set(g)
+        if missing:
+            raise IndexFormatError(f"{w}: graph {sorted(missing)[0]!r}: missing")
+        for k, (ip, ix) in g.items():
+            if ix is None:
+                raise IndexFormatError(f"{w}: tensor 'graph.{k}.indices': missing")
+            _csr(w, {f"graph.{k}.indptr": ip, f"graph.{k}.indices": ix}, f"graph.{k}",
+                 4 * n, 4 * n)
+
+
+def check_parts(where: str, parts) -> None:
+    """Every check above over what a reader read (a
+    :class:`~memgas_gpu.storage.commit.Parts`): settings, the store, each conversation,
+    the questions and their tensors.
+
+    Raises:
+        IndexFormatError: the first inconsistency, one line naming ``where`` and the
+            field.
+    """
+    h = parts.header
+    check_header(where, h)
+    n_slots, dim, n_terms = check_store(where, parts.store, h)
+    check_segments(where, parts.segments, n_slots, h["graphs"])
+    q = parts.questions
+    check_questions(where, q.get("records"), q.get("conversations"),
+                    [m["id"] for m, *_ in parts.segments])
+    n_q = len(q["records"])
+    q_emb = _tensor(where, {"q_emb": q.get("q_emb")} if q.get("q_emb") is not None else {},
+                    "q_emb", 2, _FLOATS, shape=(n_q, dim))
+    _finite(where, "q_emb", q_emb)
+    terms = q.get("terms")
+    if (terms is None) != (h.get("lexical") is None):
+        raise IndexFormatError(f"{where}: tensor 'lexical.q.indptr': the questions' terms "
+                               "and the store's lexical documents disagree")
+    if terms is not None:
+        _terms(where, "lexical.q", *terms, n_q, n_terms)
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -268,99 +419,3 @@ def _texts(where: str, t: dict, pre: str, n: Optional[int]) -> None:
                                "UTF-8 character")
 
 
-def _crc32(x: Tensor) -> int:
-    flat = x.detach().contiguous().reshape(-1).view(torch.uint8)
-    return zlib.crc32(flat.numpy())  # releases the GIL: threads overlap
-
-
-def tensor_checksums(tensors: dict) -> dict:
-    """``{name: CRC-32 of the tensor's bytes}`` (recorded in the manifest on save,
-    compared on load: a file changed or damaged after it was written is refused),
-    computed on a few threads."""
-    names = sorted(tensors, key=lambda k: -tensors[k].numel() * tensors[k].element_size())
-    with ThreadPoolExecutor(4) as pool:
-        return dict(zip(names, pool.map(lambda k: _crc32(tensors[k]), names)))
-
-
-def check_tensors(where: str, t: dict, m: dict, checksums: bool = True) -> None:
-    """Dtypes, shapes, offsets, indices and texts of the tensors against manifest ``m``
-    (checked by :func:`check_manifest`), then, with ``checksums``, their contents against
-    the manifest's ``tensor_crc32`` (when it has them)."""
-    n_conv, n_q = len(m["conversations"]), len(m["questions"])
-    offsets = _tensor(where, t, "conv_offsets", 1, shape=(n_conv + 1,))
-    row_slot = _tensor(where, t, "row_slot", 1)
-    n_rows = row_slot.numel()
-    _pointers(where, "conv_offsets", offsets, n_rows)
-    sizes = (offsets[1:] - offsets[:-1]).tolist()
-    for c, conv in enumerate(m["conversations"]):
-        if sizes[c] != len(conv["session_ids"]):
-            raise IndexFormatError(f"{where}: conversation {c} ({conv['id'][:80]!r}) has "
-                                   f"{len(conv['session_ids'])} session ids but "
-                                   f"{sizes[c]} rows in 'conv_offsets'")
-    gran = _tensor(where, t, "gran", 3, _FLOATS, shape=(None, 4, None))
-    n_slots, dim = gran.shape[0], gran.shape[2]
-    _in_range(where, "row_slot", row_slot, 0, n_slots)
-    tables = m.get("tables", ["concat"] if "concat" in t else [])
-    for name in tables:
-        _tensor(where, t, name, 2, _FLOATS, shape=(n_slots, dim))
-    if "slot_digest" in t:  # content digest of each slot (absent before it was recorded)
-        _tensor(where, t, "slot_digest", 2, _BYTES, shape=(n_slots, DIGEST_BYTES))
-    _tensor(where, t, "q_emb", 2, _FLOATS, shape=(n_q, dim))
-    q_conv = _tensor(where, t, "q_conv", 1, shape=(n_q,))
-    _in_range(where, "q_conv", q_conv, 0, n_conv)
-    n_turns = None
-    if any(k in t for k in ("turn_ptr", "turns", "turn_text.bytes", "turn_text.offsets")):
-        # turn_ptr alone: an index built with keep_turns=False and keep_text=False
-        ptr = _tensor(where, t, "turn_ptr", 1, shape=(n_slots + 1,))
-        _pointers(where, "turn_ptr", ptr)
-        n_turns = int(ptr[-1])
-        if "turns" in t:
-            _tensor(where, t, "turns", 2, _FLOATS, shape=(n_turns, dim))
-        if "turn_text.bytes" in t or "turn_text.offsets" in t:
-            _texts(where, t, "turn_text", n_turns)
-    for g in m["graphs"]:
-        _csr(where, t, f"graph.{g}", 4 * n_rows, 4 * n_rows)
-    if m.get("lexical"):
-        _texts(where, t, "lexical.vocab", None)
-        n_terms = t["lexical.vocab.offsets"].numel() - 1
-        groups = [*m["lexical"].get("granularities", _LEXICAL_GROUPS[:-1]), "q"]
-        for g in groups:
-            rows = n_q if g == "q" else None
-            _csr(where, t, f"lexical.{g}", rows, n_terms)
-            tf = _tensor(where, t, f"lexical.{g}.tf", 1, _FLOATS)
-            if not bool(torch.isfinite(tf).all()) or bool((tf < 0).any()):
-                raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': negative, NaN or "
-                                       "inf term counts")
-            if tf.numel() != t[f"lexical.{g}.indices"].numel():
-                raise IndexFormatError(f"{where}: tensor 'lexical.{g}.tf': "
-                                       f"{tf.numel()} counts for "
-                                       f"{t[f'lexical.{g}.indices'].numel()} terms")
-            if g != "q":
-                ptr = _tensor(where, t, f"lexical.{g}.doc_ptr", 1, shape=(n_slots + 1,))
-                _pointers(where, f"lexical.{g}.doc_ptr", ptr,
-                          t[f"lexical.{g}.indptr"].numel() - 1)
-    for name in (*EMBEDDINGS, *tables):
-        if name not in t:
-            continue
-        # a norm that overflows float32 (|x| ~ 1e19) would make NaN similarities too
-        norms = torch.linalg.vector_norm(t[name].float(), dim=-1)
-        if not bool(torch.isfinite(norms).all()):
-            bad = int((~torch.isfinite(norms)).sum())
-            raise IndexFormatError(f"{where}: tensor {name!r}: {bad} embedding(s) hold NaN "
-                                   "or inf, or overflow (a corrupted file or a bad encoder "
-                                   "output); rebuild the index")
-    want = m.get("tensor_crc32") if checksums else None
-    if want is not None:
-        missing = sorted(set(want) ^ set(t))
-        if missing:
-            raise IndexFormatError(f"{where}: tensor {missing[0][:80]!r}: "
-                                   f"{'missing' if missing[0] in want else 'not listed'} "
-                                   "in the manifest's checksums (the file was changed after "
-                                   "it was written)")
-        got = tensor_checksums(t)
-        for name in sorted(t):
-            if got[name] != want[name]:
-                raise IndexFormatError(f"{where}: tensor {name!r}: its contents differ from "
-                                       "the CRC-32 checksum written with them (the file was "
-                                       "changed or damaged after it was written); rebuild "
-                                       "or restore the index")
