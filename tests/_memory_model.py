@@ -13,6 +13,8 @@ durable memory's crash tests.
 """
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Optional
@@ -65,12 +67,14 @@ METHODS = {
 
 
 def tiny_encoder():
-    """A random-weight BERT (hidden 32) on the CPU: deterministic and fast."""
+    """A random-weight BERT (hidden 32) on the CPU: deterministic and fast (its folder
+    is removed when the process exits)."""
     from memgas_gpu.encode import Encoder
     from memgas_gpu.encode.tiny import make_random_bert
 
-    return Encoder(make_random_bert(tempfile.mkdtemp(prefix="memgas-model-bert-")),
-                   device="cpu", max_length=64)
+    folder = tempfile.mkdtemp(prefix="memgas-model-bert-")
+    atexit.register(shutil.rmtree, folder, True)
+    return Encoder(make_random_bert(folder), device="cpu", max_length=64)
 
 
 @dataclass(frozen=True)

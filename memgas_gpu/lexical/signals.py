@@ -104,11 +104,13 @@ def join_postings(parts: Sequence[GranularityPostings], conv_offsets: Tensor,
     dev = parts[0].post.score.device if parts else torch.device("cpu")
     keys, ptrs, docs, scores, sess, weights = [], [torch.zeros(1, dtype=torch.int64,
                                                                 device=dev)], [], [], [], []
-    n_docs = 0
+    n_docs, end = 0, ptrs[0][-1]
     for c, gp in enumerate(parts):
         post = gp.post
         keys.append(post.col_key % post.n_terms + c * n_terms)
-        ptrs.append(post.col_ptr[1:] + ptrs[-1][-1])
+        ptrs.append(post.col_ptr[1:] + end)
+        if ptrs[-1].numel():  # a conversation without sessions has no keys
+            end = ptrs[-1][-1]
         docs.append(post.doc + n_docs)
         scores.append(post.score)
         sess.append(gp.doc_session)

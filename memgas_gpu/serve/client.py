@@ -38,6 +38,8 @@ class ServerError(MemgasError):
 def _seg(x: str, what: str) -> str:
     if not isinstance(x, str) or not x:
         raise TypeError(f"{what} must be a non-empty string, got {x!r:.80}")
+    if x in (".", ".."):  # else a dot segment, resolved away by HTTP clients
+        return x.replace(".", "%2E")
     return quote(x, safe="")
 
 
