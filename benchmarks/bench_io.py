@@ -18,7 +18,6 @@ from memgas_gpu.bench import io_point
 from memgas_gpu.bench.report import fmt_rate, fmt_seconds
 from memgas_gpu.bench.stages_io import make_index
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.storage.persist import save_index
 
 HAYSTACKS = int(os.environ.get("MEMGAS_BENCH_HAYSTACKS", "16"))
 SESSIONS, DIM = 500, 384
@@ -30,11 +29,11 @@ def index():
 
 
 def test_save(benchmark, index, tmp_path):
-    benchmark.pedantic(save_index, args=(index, tmp_path / "idx"), rounds=3, iterations=1)
+    benchmark.pedantic(index.save, args=(tmp_path / "idx",), rounds=3, iterations=1)
 
 
 def test_load(benchmark, index, tmp_path):
-    save_index(index, tmp_path / "idx")
+    index.save(tmp_path / "idx")
     benchmark.pedantic(MemoryIndex.load, args=(tmp_path / "idx",), rounds=3, iterations=1)
 
 

@@ -106,7 +106,7 @@ def atomic_dir(path: Union[str, os.PathLike]) -> Iterator[Path]:
     An existing ``path`` is replaced only after the new one is complete, but by two
     renames (old away, new in): a kill between them leaves no ``path`` (the old one
     survives as ``.NAME.old``) and a concurrent reader may miss it. Index folders use
-    the versioned layout of :mod:`memgas_gpu.storage.persist` instead.
+    the commits of :mod:`memgas_gpu.storage.commit` instead.
     """
     import shutil
 

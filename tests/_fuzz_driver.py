@@ -156,10 +156,10 @@ def _online_call(rng: random.Random, idx):
 
 
 def run_online(case: dict) -> dict:
-    from memgas_gpu.storage.persist import load_index, save_index
+    from memgas_gpu.retrieve import MemoryIndex
 
     rng = random.Random(case["seed"])
-    idx = load_index(case["index"])
+    idx = MemoryIndex.load(case["index"])
     op, desc, call, write = _online_call(rng, idx)
     before = index_state(idx)
     out = {"call": desc}
@@ -178,7 +178,7 @@ def run_online(case: dict) -> dict:
     if write:  # accepted: what was written must save and load back
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                back = load_index(save_index(idx, f"{tmp}/idx"))
+                back = MemoryIndex.load(idx.save(f"{tmp}/idx"))
                 back.retrieve(method="memgas_hybrid", device="cpu")
             except Exception as exc:  # noqa: BLE001
                 out["verdict"] = "accepted but broken"

@@ -355,7 +355,7 @@ def test_compact_after_an_automatic_compaction_leaves_no_byte_of_the_removed(tmp
     sessions' texts, embeddings or (all of them forgotten) vocabulary terms; so must the
     next checkpoint (docs/failure.md: "the automatic compaction ... followed by the next
     checkpoint")."""
-    from memgas_gpu.retrieve.store import COMPACT_MIN_GARBAGE
+    from memgas_gpu.memory.store import COMPACT_MIN_GARBAGE
 
     n_gone, n_kept = COMPACT_MIN_GARBAGE + 1, 3
     folder = tmp_path / "m"
@@ -637,7 +637,7 @@ _LONG = settings(max_examples=60, stateful_step_count=40, deadline=None,
 
 def _walk(config) -> None:
     _oracle()
-    with mock.patch("memgas_gpu.retrieve.store.COMPACT_MIN_GARBAGE", 2):
+    with mock.patch("memgas_gpu.memory.store.COMPACT_MIN_GARBAGE", 2):
         run_state_machine_as_test(FollowedMachine, settings=config)
 
 

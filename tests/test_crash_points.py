@@ -32,7 +32,7 @@ import torch
 
 from memgas_gpu import Dataset, Session
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.wal import WriteAheadLog
+from memgas_gpu.storage.log import WriteAheadLog
 
 from _fsrecord import CRASH_OPS, FSRecorder, SimulatedCrash
 from _memory_model import DATES, POOL, tiny_encoder

@@ -31,8 +31,8 @@ import torch
 
 from memgas_gpu import Session
 from memgas_gpu.retrieve import MemoryIndex
-from memgas_gpu.retrieve.records import decode
-from memgas_gpu.retrieve.wal import WriteAheadLog
+from memgas_gpu.storage.records import decode
+from memgas_gpu.storage.log import WriteAheadLog
 
 from _fsrecord import FSRecorder
 from _memory_model import DATES, POOL, tiny_encoder

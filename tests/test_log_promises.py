@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memgas_gpu.retrieve.wal import WALCorruptionError, WriteAheadLog
+from memgas_gpu.storage.log import WALCorruptionError, WriteAheadLog
 
 HERE = Path(__file__).resolve().parent
 
@@ -291,7 +291,7 @@ def test_recovery_fsyncs_the_last_log_file_before_replaying_it(tmp_path, monkeyp
     opening fsyncs the last log file before the first record is applied and before the
     recovery checkpoint writes anything, and that record is replayed."""
     from memgas_gpu.retrieve import MemoryIndex
-    from memgas_gpu.retrieve import wal as wal_module
+    from memgas_gpu.storage import log as wal_module
 
     folder = tmp_path / "m"
     mem = MemoryIndex.open(folder, encoder=enc, **NO_AUTO)
@@ -585,8 +585,8 @@ def test_records_are_published_in_log_order_once_their_group_is_synced(tmp_path,
     """Three writes queued before one group's write: their states are published after
     the group's fsync, in the order of their records, and the memory's LSN is the
     last one's."""
-    from memgas_gpu.retrieve.checkpoint import Written
-    from memgas_gpu.retrieve.durable import Durable
+    from memgas_gpu.storage.commit import Written
+    from memgas_gpu.memory.durable import Durable
 
     class Index:
         def __init__(self) -> None:

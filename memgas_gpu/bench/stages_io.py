@@ -153,16 +153,15 @@ def io_point(n_conv: int, n_sessions: int, dim: int, tmp: str, *, rounds: int = 
              reference: bool = True, log: Log = print) -> list[Record]:
     """Save and load GB/s of an index of ``n_conv`` x ``n_sessions`` sessions."""
     from ..retrieve import MemoryIndex
-    from ..storage.persist import save_index
 
     idx = make_index(n_conv, n_sessions, dim)
     size = {"haystacks": n_conv, "sessions": n_sessions, "dim": dim}
     base = Path(tmp)
     ours = base / "index_ours"
-    save_index(idx, ours)
+    idx.save(ours)
     nbytes = _folder_bytes(ours)
     note = "load + a read of every tensor; page cache (load follows save)"
-    recs = [measure(lambda: save_index(idx, ours), stage="io_save", impl="ours", size=size,
+    recs = [measure(lambda: idx.save(ours), stage="io_save", impl="ours", size=size,
                     work=nbytes, unit="bytes", rounds=rounds, warmup=0,
                     note="safetensors + manifest.json, atomic folder"),
             measure(lambda: _touch(_index_tensors(MemoryIndex.load(ours))), stage="io_load", impl="ours", size=size,

@@ -22,8 +22,8 @@ _HOME = {
     "NonFiniteScoresError": "engine", "ReadParams": "params", "SettingsError": "params",
     "resolve": "engine", "EncoderMismatchError": "..memory.index", "BuildParams": "params",
     "GraphParams": "params", "MemoryIndex": "..memory.index",
-    "IndexConflictError": "..storage.persist", "IndexFormatError": "..storage.persist",
-    "IndexLockError": "..storage.persist", "Retrieval": "search",
+    "IndexConflictError": "..storage.folder", "IndexFormatError": "..storage.validate",
+    "IndexLockError": "..storage.lock", "Retrieval": "search",
     "SearchResult": "search", "retrieve": "search", "search": "search", "SIGNALS": "signals",
     "QueryBatch": "signals", "SearchRequest": "search",
 }
