@@ -19,22 +19,22 @@ class                       defined in (public home)        raised for
                                                             of range, unknown name
 ``NonFiniteScoresError``    ``retrieve.engine``             NaN or inf signals/scores
                             (``memgas_gpu.retrieve``)       in a retrieval
-``EncoderMismatchError``    ``retrieve.index``              a query encoder other than
+``EncoderMismatchError``    ``memory.index``                a query encoder other than
                             (``memgas_gpu.retrieve``)       the index's
-``IndexFormatError``        ``retrieve.checks``             an index folder this
+``IndexFormatError``        ``storage.validate``            an index folder this
                             (``memgas_gpu.retrieve``)       version cannot read
-``IndexConflictError``      ``retrieve.storage``            a save into a folder another
+``IndexConflictError``      ``storage.folder``              a save into a folder another
                             (``memgas_gpu.retrieve``)       writer saved to meanwhile
-``IndexLockError``          ``retrieve.storage``            a folder lock held past the
-                            (``memgas_gpu.retrieve``)       timeout, or a memory another
-                                                            process has open to write
-``WALError``                ``retrieve.wal``                a write-ahead log closed,
-                                                            failed, or held by another
-                                                            writer
-``WALCorruptionError``      ``retrieve.wal``                damage in a log that is not
+``IndexLockError``          ``storage.lock``                a folder's lock held (a save
+                            (``memgas_gpu.retrieve``)       past its timeout, a memory
+                                                            open to write), or a lock
+                                                            file that is not one
+``WALError``                ``storage.log``                 a write-ahead log closed or
+                                                            failed
+``WALCorruptionError``      ``storage.log``                 damage in a log that is not
                                                             a torn last record
-``RecordTooLargeError``     ``retrieve.wal``                a log record over the bound
-``RecordError``             ``retrieve.records``            a log record this version
+``RecordTooLargeError``     ``storage.log``                 a log record over the bound
+``RecordError``             ``storage.records``             a log record this version
                                                             does not write
 ``DeviceError``             ``_checks``                     a device this torch build or
                                                             machine does not have

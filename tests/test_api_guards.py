@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _hostile import version_dir
+from memgas_gpu.retrieve import MemoryIndex
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +72,25 @@ def test_cuda_on_a_cpu_only_torch_is_refused_clearly(small_index, monkeypatch):
 
 
 def test_save_takes_a_dtype_or_its_name_and_refuses_anything_else(small_index, tmp_path):
-    from safetensors.torch import load_file
+    import _format4 as f4
+    from safetensors.torch import load
 
     idx, _ = small_index
     idx.save(tmp_path / "by_name", dtype="float16")
     idx.save(tmp_path / "by_dtype", dtype=torch.float16)
-    a = load_file(str(version_dir(tmp_path / "by_name") / "tensors.safetensors"))
-    b = load_file(str(version_dir(tmp_path / "by_dtype") / "tensors.safetensors"))
+
+    def tensors(folder):
+        r = f4.root(folder)
+        out = {f"q.{k}": v for k, v in load(f4.blob(folder, r["questions"])).items()}
+        for i, c in enumerate(r["chunks"]):
+            out.update({f"{i}.{k}": v for k, v in load(f4.blob(folder, c["ref"])).items()})
+        return out
+
+    a, b = tensors(tmp_path / "by_name"), tensors(tmp_path / "by_dtype")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert a["q_emb"].dtype == torch.float16
+    assert a["q.q_emb"].dtype == torch.float16 and a["0.gran"].dtype == torch.float16
+    back = MemoryIndex.load(tmp_path / "by_name")  # read back as float32
+    assert back.q_emb.dtype == torch.float32
     for bad in ("fp8", "float64", torch.int8, torch.float64, 16):
         with pytest.raises(TypeError, match="dtype must be torch.float32, torch.float16"):
             idx.save(tmp_path / "bad", dtype=bad)

@@ -14,9 +14,9 @@ def test_index_then_eval(tmp_path, locomo_flat_dir):
     r = runner.invoke(cli, ["index", str(locomo_flat_dir / "30.json"), "--out", str(out),
                             "--summaries", "source", "--device", "cpu"])
     assert r.exit_code == 0, r.output
-    current = json.loads((out / "manifest.json").read_text())["current"]  # version 2 layout
-    assert (out / current / "manifest.json").exists()
-    assert (out / current / "tensors.safetensors").exists()
+    pointer = json.loads((out / "manifest.json").read_text())  # format 4: one commit
+    assert pointer["version"] == 4 and (out / "data" / f"{pointer['root'][0]:08d}.pack").exists()
+    assert [p.name for p in (out / "wal").glob("*.log")]  # and an empty log
     assert "1 conversations, 19 sessions, 105 questions" in r.output
     res = tmp_path / "results.jsonl"
     r = runner.invoke(cli, ["eval", str(out), "--method", "memgas", "--method", "session",

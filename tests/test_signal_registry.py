@@ -145,8 +145,9 @@ def test_a_cue_is_one_register_call_and_survives_a_load_elsewhere(conv, tmp_path
         with pytest.raises(ValueError, match="unknown cue"):
             idx.search(conv.id, qs, cues={"nope": 1.0})
         idx.save(tmp_path / "ix")
-        assert json.loads(next((tmp_path / "ix").glob("v-*/manifest.json")).read_text())[
-            "signal_modules"]["recency"] == "_recency_cue"
+        import _format4 as f4
+
+        assert f4.root(tmp_path / "ix")["signal_modules"]["recency"] == "_recency_cue"
     finally:
         SIGNALS.pop("recency", None)
         sys.modules.pop("_recency_cue", None)

@@ -112,7 +112,10 @@ def make_index(n_conv: int, n_sessions: int, dim: int, degree: int = 20, seed: i
     rows = n_conv * n_sessions
     n = rows * 4
     indptr = torch.arange(0, n * degree + 1, degree, dtype=torch.long)
-    indices = torch.randint(0, max(1, n), (n * degree,), generator=g)
+    # edges within each conversation (block-diagonal, as every association graph)
+    per = 4 * n_sessions
+    start = (torch.arange(n) // per * per).repeat_interleave(degree)
+    indices = start + torch.randint(0, max(1, per), (n * degree,), generator=g)
     convs = [ConversationMeta(f"c{c}", [f"s{c}_{i}" for i in range(n_sessions)],
                               ["2023/05/20 (Sat) 02:21"] * n_sessions) for c in range(n_conv)]
     qs = [Question(id=f"q{c}", text="what did I say about the garden?", type="single-session-user",

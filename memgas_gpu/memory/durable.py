@@ -213,14 +213,16 @@ class Durable:
         return self._log.stats if self._log is not None else None
 
     def storage_stats(self) -> dict:
-        """The folder as the memory sees it: the commit number and the LSN it covers,
-        the last LSN published, log bytes since the last checkpoint, checkpoints that
+        """The folder as the memory sees it: the commit number, the LSN it covers and
+        the bytes it wrote (0 when it was read, not written, by this process), the last
+        LSN published, log bytes since the last checkpoint, checkpoints that
         failed (a full disk: the log keeps every write meanwhile), and the packs'
         garbage and live bytes."""
         garbage, live = self._written.garbage()
         grown = (self._log.stats.bytes_written - self._bytes_at_checkpoint
                  if self._log is not None else 0)
         return {"commit": self._written.commit, "commit_lsn": self._written.lsn,
+                "last_commit_bytes": self._written.bytes,
                 "lsn": self._lsn, "log_bytes_since_checkpoint": grown,
                 "checkpoint_failures": self._checkpoint_failures,
                 "garbage_bytes": garbage, "live_bytes": live}

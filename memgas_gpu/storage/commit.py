@@ -271,6 +271,7 @@ class Written:
         leaves: ``(page, leaf)`` → ``(ref or None, {id: entry})``.
         pages: first-level page → ref or None.
         next_ordinal: the ordinal of the next new conversation.
+        bytes: the bytes the commit that made this wrote (its blobs; 0 when read).
     """
 
     commit: int = 0
@@ -284,6 +285,7 @@ class Written:
     leaves: dict = field(default_factory=dict)
     pages: dict = field(default_factory=dict)
     next_ordinal: int = 0
+    bytes: int = 0
 
     @property
     def n_slots(self) -> int:
@@ -438,6 +440,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
         raise
     w.close()
     new.packs = w.packs
+    new.bytes = w.written
     files.replace(folder / POINTER, _json_blob(
         {"format": FORMAT_NAME, "version": FORMAT_VERSION, "commit": new.commit,
          "root": new.root}), "the pointer manifest.json")
