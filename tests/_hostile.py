@@ -40,15 +40,19 @@ def build_small_index(locomo_list_path, folder: Path, **kw):
 
 
 def version_dir(path: Path) -> Path:
-    """The current version folder of an index folder."""
+    """The current version folder of a version-2 folder (written by
+    ``tests/_legacy_writers.write_v2``; ``save`` writes format 4, see
+    ``tests/_format4.py``)."""
     import json
 
     return path / json.loads((path / "manifest.json").read_text())["current"]
 
 
 def rewrite_index(path: Path, manifest=None, tensors=None) -> None:
-    """Replace the current version's manifest and/or tensors *and* every checksum that
-    covers them: what a hostile editor can do, so the content checks must catch it."""
+    """Replace a version-2 folder's current manifest and/or tensors *and* every checksum
+    that covers them: what a hostile editor can do, so the content checks must catch it
+    (the same checks run on every format; ``tests/_format4.py``'s ``edit_*`` and
+    ``rewrite`` do this to a format-4 folder)."""
     import json
     import zlib
 

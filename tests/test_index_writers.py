@@ -1,4 +1,4 @@
-"""Writers of one index folder that go through a second folder, share one index across
+"""Writers of one memory folder that go through a second folder, share one index across
 threads, or meet a hostile lock file, a full disk or an inherited lock: nothing saved is
 lost without an error, and every refusal is one line naming the file."""
 from __future__ import annotations
@@ -14,13 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from memgas_gpu.data.model import Session
-from memgas_gpu.retrieve import IndexConflictError, IndexFormatError, IndexLockError
-from memgas_gpu.storage import persist
-from memgas_gpu.storage import folder as storage
-from memgas_gpu.storage.persist import load_index, save_index
-
+import _format4 as f4
 from _hostile import ROOT, build_small_index, one_line_error, run_cli, version_dir
+from _legacy_writers import write_v2
+from memgas_gpu.data.model import Session
+from memgas_gpu.retrieve import (IndexConflictError, IndexFormatError, IndexLockError,
+                                 MemoryIndex)
+from memgas_gpu.storage import folder as storage
+from memgas_gpu.storage.folder import current_version, save_index
+from memgas_gpu.storage.lock import FolderLock
+
+load_index = MemoryIndex.load
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +47,9 @@ def _sessions(path: Path) -> list:
     return load_index(path).conversations[0].session_ids
 
 
-def _entries(path: Path) -> list:
-    return sorted(p.name for p in path.iterdir())
+def _data(path: Path) -> dict:
+    """Every file of the folder but its lock file (which names the last writer)."""
+    return {k: v for k, v in f4.folder_bytes(path).items() if k != ".lock"}
 
 
 # ---- a save through another folder does not forget the first one ---------------------
@@ -60,7 +65,7 @@ def test_a_save_elsewhere_does_not_hide_another_writers_save(tmp_path, small):
     save_index(p1, b)  # a backup: another folder, written as asked
     assert p1.folder_version.folder == os.path.realpath(b)  # the last folder, as before
     assert p1.folder_versions == {os.path.realpath(f): load_index(path).folder_version.version,
-                                  os.path.realpath(b): version_dir(b).name}
+                                  os.path.realpath(b): current_version(b)}
     p1.add_session("conv-30", _session("Y"))
     with pytest.raises(IndexConflictError, match="another writer saved version") as e:
         save_index(p1, f)
@@ -76,7 +81,7 @@ def test_a_save_elsewhere_does_not_hide_another_writers_save(tmp_path, small):
     save_index(p1, f, force=True)  # force still replaces whatever is there
     assert _sessions(f)[-1] == "Y" and "X" not in _sessions(f)
     save_index(p1, f)  # its own last save is what it expects
-    assert p1.folder_versions[os.path.realpath(f)] == version_dir(f).name
+    assert p1.folder_versions[os.path.realpath(f)] == current_version(f)
 
 
 def test_the_folder_versions_do_not_travel_between_copies(tmp_path, small):
@@ -104,7 +109,7 @@ def test_a_save_that_starts_after_another_returned_writes_a_state_as_new(tmp_pat
     f = _copy(path, tmp_path / "F")
     idx = load_index(f)
     a_checking, b_returned = threading.Event(), threading.Event()
-    real = persist.check_tensors
+    real = storage.check_parts
     first = []
 
     def slow_check(*args, **kw):
@@ -114,7 +119,7 @@ def test_a_save_that_starts_after_another_returned_writes_a_state_as_new(tmp_pat
             b_returned.wait(2.0)
         return real(*args, **kw)
 
-    monkeypatch.setattr(persist, "check_tensors", slow_check)
+    monkeypatch.setattr(storage, "check_parts", slow_check)
     errors = []
 
     def save(then=None):
@@ -135,7 +140,7 @@ def test_a_save_that_starts_after_another_returned_writes_a_state_as_new(tmp_pat
     assert not errors, errors
     assert first == ["A"]
     assert _sessions(f)[-1] == "B-session"
-    assert idx.folder_version.version == version_dir(f).name
+    assert idx.folder_version.version == current_version(f)
 
 
 def test_threads_saving_one_index_never_conflict_and_lose_nothing(tmp_path, small):
@@ -167,7 +172,7 @@ def test_threads_saving_one_index_never_conflict_and_lose_nothing(tmp_path, smal
     assert not errors, f"{len(errors)} of 18 saves failed: {errors[0]!r}"
     assert len(added) == 18
     assert set(added) <= set(_sessions(f))
-    assert idx.folder_version.version == version_dir(f).name
+    assert idx.folder_version.version == current_version(f)
 
 
 def test_the_save_lock_is_not_pickled(small):
@@ -190,12 +195,13 @@ def test_a_hard_linked_lock_file_is_refused_and_its_other_name_untouched(tmp_pat
     victim.write_text("precious\n")
     (f / ".lock").unlink()
     os.link(victim, f / ".lock")
-    before = _entries(f)
-    with pytest.raises(IndexFormatError) as e:
-        save_index(idx, f, force=True)
-    assert str(f / ".lock") in str(e.value) and "hard link" in str(e.value)
-    assert "\n" not in str(e.value)
-    assert victim.read_text() == "precious\n" and _entries(f) == before
+    before = f4.folder_bytes(f)
+    for write in (lambda: save_index(idx, f, force=True), lambda: MemoryIndex.open(f)):
+        with pytest.raises(IndexLockError) as e:
+            write()
+        assert str(e.value).startswith(f"{f / '.lock'}: has 2 hard links"), str(e.value)
+        assert "\n" not in str(e.value)
+        assert victim.read_text() == "precious\n" and f4.folder_bytes(f) == before
     load_index(f)
     (f / ".lock").unlink()
     save_index(idx, f, force=True)  # a lock file of its own again: saved
@@ -206,9 +212,12 @@ def test_a_lock_file_that_is_a_folder_is_one_line(tmp_path, small):
     f = _copy(path, tmp_path / "F")
     (f / ".lock").unlink()
     (f / ".lock").mkdir()
-    with pytest.raises(IndexFormatError) as e:
+    with pytest.raises(IndexLockError) as e:
         save_index(idx, f, force=True)
     assert str(e.value) == f"{f / '.lock'}: a folder, not a lock file (remove it)"
+    with pytest.raises(IndexLockError) as e:
+        MemoryIndex.open(f)
+    assert str(e.value).startswith(f"{f / '.lock'}: a folder, not a lock file (remove it)")
 
 
 @pytest.mark.parametrize("value, error", [
@@ -218,22 +227,22 @@ def test_a_bad_lock_timeout_is_refused_before_anything(tmp_path, small, value, e
     """NaN waited forever while another writer held the lock."""
     idx, path = small
     f = _copy(path, tmp_path / "F")
-    before = version_dir(f).name
+    before = f4.folder_bytes(f)
     with pytest.raises(error, match="lock_timeout: expected a finite number of seconds"):
         save_index(idx, f, force=True, lock_timeout=value)
-    assert version_dir(f).name == before
     with pytest.raises(error, match="lock_timeout"):
-        storage.write_index_dir(f, {}, b"{}", lock_timeout=value)
+        FolderLock(f, value)
+    assert f4.folder_bytes(f) == before
     save_index(idx, f, force=True, lock_timeout=0)  # 0: try once, fine when free
 
 
 _INHERITS_THE_LOCK = """
 import os, subprocess, sys
-import safetensors.torch
-from memgas_gpu.storage.persist import load_index, save_index
-idx = load_index(sys.argv[1])
-real = safetensors.torch.save_file
-def save_file(*a, **k):
+import memgas_gpu.storage.folder as folder
+from memgas_gpu.retrieve import MemoryIndex
+idx = MemoryIndex.load(sys.argv[1])
+real = folder.commit_folder
+def commit_folder(*a, **k):
     lock = [int(fd) for fd in os.listdir("/proc/self/fd")
             if os.path.realpath(f"/proc/self/fd/{fd}").endswith("/.lock")]
     # a child that inherits the locked descriptor and outlives this process
@@ -242,8 +251,8 @@ def save_file(*a, **k):
                              stderr=subprocess.DEVNULL)
     print(os.getpid(), child.pid, flush=True)
     return real(*a, **k)
-safetensors.torch.save_file = save_file
-save_index(idx, sys.argv[1])
+folder.commit_folder = commit_folder
+idx.save(sys.argv[1])
 """
 
 
@@ -260,8 +269,8 @@ def test_an_inherited_lock_names_the_writer_that_released_it(tmp_path, small):
         with pytest.raises(IndexLockError) as e:
             save_index(load_index(f), f, lock_timeout=0.2)
         msg = str(e.value)
-        assert msg.startswith(f"{f / '.lock'}: held by a process that inherited it from "
-                              f"process {writer} (no longer running)"), msg
+        assert msg.startswith(f"{f / '.lock'}: the folder is being written by a process that "
+                              f"inherited it from process {writer} (no longer running)"), msg
         assert "not written its process id" not in msg and "\n" not in msg
     finally:
         os.kill(child, 9)
@@ -276,7 +285,7 @@ def test_an_inherited_lock_names_the_writer_that_released_it(tmp_path, small):
 
 
 # ---- unclear errors --------------------------------------------------------------------
-def test_a_manifest_that_is_a_folder_is_named(tmp_path, small):
+def test_a_manifest_that_is_a_folder_or_a_fifo_is_named(tmp_path, small):
     idx, path = small
     f = _copy(path, tmp_path / "F")
     top = f / "manifest.json"
@@ -287,9 +296,18 @@ def test_a_manifest_that_is_a_folder_is_named(tmp_path, small):
     assert str(e.value) == f"{top}: a folder, not a file"
     with pytest.raises(IndexFormatError, match=f"{top}: a folder, not a file"):
         save_index(idx, f, force=True)  # not replaced either
+    with pytest.raises(IndexFormatError, match=f"{top}: a folder, not a file"):
+        MemoryIndex.open(f)
     assert top.is_dir()
     assert one_line_error(run_cli("eval", f)) == f"error: {top}: a folder, not a file"
-    g = _copy(path, tmp_path / "G")
+    top.rmdir()
+    os.mkfifo(top)  # would block a reader for ever
+    with pytest.raises(IndexFormatError) as e:
+        load_index(f)
+    assert str(e.value) == f"{top}: not a regular file"
+    with pytest.raises(IndexFormatError, match=f"{top}: not a regular file"):
+        save_index(idx, f, force=True)
+    g = write_v2(idx, tmp_path / "G")  # a version-2 folder's version manifest
     inner = version_dir(g) / "manifest.json"
     inner.unlink()
     inner.mkdir()
@@ -298,8 +316,9 @@ def test_a_manifest_that_is_a_folder_is_named(tmp_path, small):
 
 
 def test_a_current_version_that_is_a_file_is_named(tmp_path, small):
-    _, path = small
-    f = _copy(path, tmp_path / "F")
+    """A version-2 pointer naming a file where its version folder belongs."""
+    idx, _ = small
+    f = write_v2(idx, tmp_path / "F")
     v = version_dir(f)
     shutil.rmtree(v)
     v.write_text("not a folder")
@@ -309,70 +328,126 @@ def test_a_current_version_that_is_a_file_is_named(tmp_path, small):
                             "not a folder")
 
 
-class _Full:
-    """Raise a full disk's OSError (or safetensors' error for one) from a write."""
+# ---- a write that fails ------------------------------------------------------------------
+class _Fail:
+    """``os.write``/``os.pwrite`` (or ``os.fsync``) raise ``OSError(code)`` — as the
+    system does: no file name — at their ``n``-th call on a file of ``folder``."""
 
-    def __init__(self, stage):
-        self.stage = stage
+    def __init__(self, monkeypatch, folder: Path, ops: tuple, code: int, n: int) -> None:
+        self.root = os.path.realpath(folder) + os.sep
+        self.code, self.n, self.calls, self.fired = code, n, 0, None
+        for op in ops:
+            monkeypatch.setattr(os, op, self._wrap(op, getattr(os, op)))
 
-    def install(self, monkeypatch):
-        import pathlib
-
-        import safetensors
-        import safetensors.torch
-
-        if self.stage == "tensors":
-            def save_file(*a, **k):
-                raise OSError(errno.ENOSPC, "No space left on device")
-            monkeypatch.setattr(safetensors.torch, "save_file", save_file)
-        elif self.stage == "tensors-rust":
-            def save_file(*a, **k):
-                raise safetensors.SafetensorError(
-                    "Error while serializing: I/O error: No space left on device (os error 28)")
-            monkeypatch.setattr(safetensors.torch, "save_file", save_file)
-        elif self.stage == "manifest":
-            real = pathlib.Path.write_bytes
-
-            def write_bytes(p, data):
-                if p.name == "manifest.json":
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                return real(p, data)
-            monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
-        elif self.stage == "lock":  # the holder's process id cannot be written
-            real = storage._stamp
-
-            def stamp(fd, text):
-                if not text.endswith("released\n"):
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                return real(fd, text)
-            monkeypatch.setattr(storage, "_stamp", stamp)
-        else:  # the pointer: its temporary file fills the disk
-            import json
-            real = json.dump
-
-            def dump(obj, fp, **kw):
-                if "current" in obj:
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                return real(obj, fp, **kw)
-            monkeypatch.setattr(storage.json, "dump", dump)
+    def _wrap(self, op, real):
+        def call(fd, *a, **k):
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                path = ""
+            if (path + os.sep).startswith(self.root):
+                self.calls += 1
+                if self.calls == self.n:
+                    self.fired = (op, path)
+                    raise OSError(self.code, os.strerror(self.code))
+            return real(fd, *a, **k)
+        return call
 
 
-@pytest.mark.parametrize("stage", ["tensors", "tensors-rust", "manifest", "pointer", "lock"])
-def test_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, small, monkeypatch,
-                                                           stage):
+def _count(monkeypatch, f: Path, idx, ops) -> int:
+    probe = _Fail(monkeypatch, f, ops, errno.EIO, 0)
+    save_index(idx, f, force=True)
+    monkeypatch.undo()
+    return probe.calls
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EFBIG])
+def test_a_full_disk_at_any_write_names_the_file_and_changes_nothing(tmp_path, small,
+                                                                     monkeypatch, code):
+    """A write that fails (a full disk, a file-size limit) at any point of a save: an
+    OSError with its errno, naming the file it was writing and what, in one line; the
+    previous memory is still current and nothing of the new one is left behind; the
+    index can be saved again."""
     _, path = small
     f = _copy(path, tmp_path / "F")
-    before, sessions = _entries(f), _sessions(f)
     idx = load_index(f)
     idx.add_session("conv-30", _session("new"))
-    _Full(stage).install(monkeypatch)
+    writes = _count(monkeypatch, _copy(path, tmp_path / "probe"), idx, ("write", "pwrite"))
+    assert writes >= 9  # the lock, the pack's header and blobs, the pointer, the release
+    before, sessions, failed = _data(f), _sessions(f), 0
+    for n in range(1, writes + 1):
+        fail = _Fail(monkeypatch, f, ("write", "pwrite"), code, n)
+        try:
+            save_index(idx, f)
+        except OSError as e:
+            monkeypatch.undo()
+            failed += 1
+            msg = str(e)
+            assert e.errno == code and e.filename and e.filename.startswith(str(f)), (n, msg)
+            assert os.strerror(code) in msg and "(writing " in msg and "\n" not in msg, msg
+            assert not isinstance(e, IndexFormatError)
+            assert _data(f) == before, (n, fail.fired)  # nothing half-written
+            assert _sessions(f) == sessions
+            continue
+        monkeypatch.undo()
+        # only the lock's release may fail without failing the save (it was saved)
+        assert fail.fired and fail.fired[1].endswith("/.lock"), (n, fail.fired)
+        assert _sessions(f)[-1] == "new"
+        save_index(load_index(path), f, force=True)  # back to the previous memory
+        before = _data(f)
+        idx = load_index(f)
+        idx.add_session("conv-30", _session("new"))
+    assert failed >= writes - 1
+    save_index(idx, f)  # no conflict with itself: the failed saves changed nothing
+    assert _sessions(f)[-1] == "new"
+    assert len(list((f / "data").iterdir())) == 1
+
+
+def test_a_failed_fsync_leaves_the_old_or_the_new_memory(tmp_path, small, monkeypatch):
+    """An fsync that fails (EIO) at any point of a save: the save raises or returns;
+    either way the folder then holds the old memory or the new one, complete, and the
+    next save leaves one pack."""
+    _, path = small
+    f = _copy(path, tmp_path / "F")
+    idx = load_index(f)
+    idx.add_session("conv-30", _session("new"))
+    syncs = _count(monkeypatch, _copy(path, tmp_path / "probe"), idx, ("fsync",))
+    assert syncs >= 4
+    old = _sessions(path)
+    for n in range(1, syncs + 1):
+        _Fail(monkeypatch, f, ("fsync",), errno.EIO, n)
+        try:
+            save_index(idx, f, force=True)
+        except OSError as e:
+            assert e.errno == errno.EIO and "\n" not in str(e)
+        finally:
+            monkeypatch.undo()
+        assert _sessions(f) in (old, old + ["new"]), n
+    save_index(idx, f, force=True)
+    assert _sessions(f)[-1] == "new" and len(list((f / "data").iterdir())) == 1
+
+
+def test_a_full_disk_at_the_lock_names_the_lock_file(tmp_path, small, monkeypatch):
+    """The holder's process id cannot be written into the lock file: refused naming the
+    lock file, nothing written."""
+    from memgas_gpu.storage import lock
+
+    _, path = small
+    f = _copy(path, tmp_path / "F")
+    before = _data(f)
+    idx = load_index(f)
+    real = lock._stamp
+
+    def stamp(fd, text):
+        if not text.endswith("released\n"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, text)
+
+    monkeypatch.setattr(lock, "_stamp", stamp)
     with pytest.raises(OSError) as e:
         save_index(idx, f)
     monkeypatch.undo()
-    named = f / ".lock" if stage == "lock" else f
-    assert e.value.errno == errno.ENOSPC and e.value.filename == str(named)
-    assert "No space left on device" in str(e.value) and "\n" not in str(e.value)
-    assert "the previous version is still current" in str(e.value)
-    assert _entries(f) == before and _sessions(f) == sessions  # nothing half-written
-    save_index(idx, f)  # no conflict with itself: the failed save changed nothing
-    assert _sessions(f)[-1] == "new"
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(f / ".lock")
+    assert "(writing the lock file)" in str(e.value) and "\n" not in str(e.value)
+    assert _data(f) == before
+    save_index(idx, f)

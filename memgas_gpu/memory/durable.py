@@ -105,7 +105,11 @@ class Durable:
                 idx = cls._create(folder, encoder)
                 written, lsn = idx._written, 0
             elif fmt == FORMAT_VERSION:
-                parts, written = read_commit(folder)
+                try:
+                    parts, written = read_commit(folder)
+                except FileNotFoundError as e:  # nobody else writes: a file is missing
+                    raise IndexFormatError(f"{e.filename}: missing: the memory's folder is "
+                                           "incomplete (nothing was changed)") from None
                 idx = assemble(cls, parts, str(folder / POINTER))
                 written.segments = _versions(idx, written)
                 cut_uncommitted(folder, written)  # what an interrupted commit appended
@@ -127,7 +131,7 @@ class Durable:
             idx._attach(folder, wal, lock, written, opts, readonly=False)
             n, last = replay(idx, wal.replay(lsn), str(folder / WAL))
             idx._lsn = wal.last_lsn
-            if fmt is None or fmt < FORMAT_VERSION or n:  # converted, or a replayed log
+            if (fmt is not None and fmt < FORMAT_VERSION) or n:  # converted, or a replayed log
                 idx._checkpoint(full=fmt is not None and fmt < FORMAT_VERSION)
             if fmt is not None and fmt < FORMAT_VERSION:
                 remove_legacy(folder)

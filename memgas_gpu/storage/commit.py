@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -183,6 +184,18 @@ class _Writer:
                 pass
 
 
+def _no_surrogate(where: str, value, text: str):
+    """``value`` (parsed from the JSON ``text``), refused when a string of it holds a lone
+    UTF-16 surrogate (an escape JSON allows, not valid Unicode text)."""
+    from .._io import find_surrogate, may_hold_surrogate
+
+    bad = find_surrogate(value) if may_hold_surrogate(text) else None
+    if bad is not None:
+        raise IndexFormatError(f"{where}: field {bad!r}: a lone UTF-16 surrogate escape (not "
+                               "valid Unicode text)")
+    return value
+
+
 class _Reader:
     """Reads blobs by ref (CRC-32 checked), keeping each pack open while it reads."""
 
@@ -200,7 +213,23 @@ class _Reader:
         fd = self.fds.get(pack)
         path = self.folder / pack_name(pack)
         if fd is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # FileNotFoundError: retried
+            try:  # O_NONBLOCK: a FIFO must not block the reader (refused below)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except NotADirectoryError:  # FileNotFoundError: retried by the caller
+                raise IndexFormatError(f"{path.parent}: not a folder") from None
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(fd)
+                raise IndexFormatError(f"{path}: " + ("a folder, not a file" if stat.S_ISDIR(mode)
+                                                      else "not a regular file"))
+            head = os.pread(fd, PACK_HEADER_BYTES, 0)
+            if len(head) < PACK_HEADER_BYTES or head[:8] != _PACK_MAGIC or \
+                    zlib.crc32(head[:_PACK_HEAD.size]) != \
+                    struct.unpack_from("<I", head, _PACK_HEAD.size)[0] or \
+                    _PACK_HEAD.unpack_from(head)[2] != pack:
+                os.close(fd)
+                raise IndexFormatError(f"{path}: offset 0: not the header of pack {pack} (a "
+                                       "damaged or foreign file)")
             self.fds[pack] = fd
         parts, got = [], 0
         while got < n:
@@ -220,12 +249,17 @@ class _Reader:
         return data
 
     def json(self, ref, what: str):
+        if isinstance(ref, list) and len(ref) == 4 and type(ref[2]) is int and \
+                ref[2] > MAX_JSON_BYTES and type(ref[0]) is int and type(ref[1]) is int:
+            # refused from its size before it is read (a sparse pack holds any length)
+            raise IndexFormatError(f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: "
+                                   f"{what}: {ref[2]} bytes, more than the {MAX_JSON_BYTES} "
+                                   "accepted")
         data = self.get(ref, what)
         where = f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        if len(data) > MAX_JSON_BYTES:
-            raise IndexFormatError(f"{where}: {len(data)} bytes, more than accepted")
         try:
-            return json_loads(data.decode("utf-8"))
+            text = data.decode("utf-8")
+            return _no_surrogate(where, json_loads(text), text)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise IndexFormatError(f"{where}: not JSON ({type(e).__name__}: "
                                    f"{' '.join(str(e).split())[:120]})") from None
@@ -238,13 +272,14 @@ class _Reader:
         try:
             tensors = load(data)
             n = int.from_bytes(data[:8], "little")
-            meta = json_loads(json_loads(data[8:8 + n])["__metadata__"]["memgas"])
+            text = json_loads(data[8:8 + n])["__metadata__"]["memgas"]
+            meta = json_loads(text)
         except Exception as e:  # noqa: BLE001 - safetensors' and json's errors
             raise IndexFormatError(f"{where}: unreadable ({type(e).__name__}: "
                                    f"{' '.join(str(e).split())[:160]})") from None
         if not isinstance(meta, dict):
             raise IndexFormatError(f"{where}: its metadata is not an object")
-        return tensors, meta
+        return tensors, _no_surrogate(where, meta, text)
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -441,9 +476,29 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     w.close()
     new.packs = w.packs
     new.bytes = w.written
-    files.replace(folder / POINTER, _json_blob(
-        {"format": FORMAT_NAME, "version": FORMAT_VERSION, "commit": new.commit,
-         "root": new.root}), "the pointer manifest.json")
+    pointer = _json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
+                          "commit": new.commit, "root": new.root})
+    try:
+        files.replace(folder / POINTER, pointer, "the pointer manifest.json")
+    except BaseException:
+        try:
+            moved = (folder / POINTER).read_bytes() == pointer
+        except OSError:
+            moved = False
+        if not moved:  # the previous commit is current: take back what this one appended
+            try:
+                if w.created is not None:
+                    files.remove([w.path])
+                else:
+                    os.truncate(w.path, w.start)
+            except OSError:
+                pass
+        else:  # the pointer may name this commit (only the folder's fsync failed): the
+            # next commit appends after its blobs, never over them
+            for k, p in old.packs.items():
+                if k in w.packs:
+                    p["end"] = max(p["end"], w.packs[k]["end"])
+        raise
     if full:  # the packs the new commit replaced (readers of the old one retry)
         gone = [p for k, p in pack_files(folder).items() if k not in new.packs]
         files.remove(gone)

@@ -22,7 +22,7 @@ import torch
 from ..errors import MemgasError
 from . import files
 from .commit import (DATA, FORMAT_NAME, FORMAT_VERSION, POINTER, WAL, Written,
-                     read_commit, read_pointer, write_commit)
+                     cut_uncommitted, read_commit, read_pointer, write_commit)
 from .legacy import LEGACY_VERSION, read_json, read_legacy, remove_legacy
 from .lock import LOCK_NAME, LOCK_TIMEOUT, FolderLock, IndexLockError, check_lock_timeout
 from .log import WALCorruptionError, WALError, WriteAheadLog
@@ -318,8 +318,9 @@ def save_index(index, path, dtype: torch.dtype = torch.float32, *, force: bool =
     index run one at a time (``index.saving()``).
 
     Raises:
-        IndexFormatError: ``path`` is a file or a folder that is not an index, or the
-            index is not valid (one line naming the field; nothing written).
+        IndexFormatError: ``path`` is a file or a folder that is not an index, a memory
+            whose ``manifest.json`` is gone (its packs are not replaced), or the index
+            is not valid (one line naming the field; nothing written).
         IndexConflictError: another writer saved to ``path`` since ``index`` was loaded
             from or saved to it.
         IndexLockError: another writer (a save, or a memory open on the folder) held its
@@ -337,6 +338,8 @@ def save_index(index, path, dtype: torch.dtype = torch.float32, *, force: bool =
         files.make_dirs(path)
         with FolderLock(path, lock_timeout, what="the folder is being written"):
             check_target(path)
+            if _top(path) is None and not is_unfinished(path):
+                raise pointer_missing(path)  # a memory whose pointer is gone: not replaced
             real = os.path.realpath(path)
             expect = None if force else _expected(index, real)
             if expect is not None:
@@ -418,6 +421,7 @@ def commit_folder(path: Path, inp, dim: int) -> tuple[str, Written]:
     try:
         lsn = inp.lsn = log.last_lsn
         written = write_commit(path, inp, Written(commit=written.commit, lsn=lsn), full=True)
+        cut_uncommitted(path, written)  # what killed writers left (temporaries)
         if lsn >= log.first_lsn:  # records the new commit replaces
             log.truncate_through(lsn)
     finally:

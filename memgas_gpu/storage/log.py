@@ -477,6 +477,8 @@ class WriteAheadLog:
                         "last write, cut short by a crash before its fsync returned")
         self._size, self._next_lsn = end, expected
         if version < FORMAT_VERSION:  # never append to a file of an older format
+            if expected == found[-1][0]:  # it holds no record: the new file replaces it
+                self._files = found[:-1]  # (listed once, so never removed as covered)
             self._create(expected)
 
     def _sync_dir(self) -> None:
@@ -486,7 +488,18 @@ class WriteAheadLog:
     def _create(self, first_lsn: int) -> None:
         """Start the file of records from ``first_lsn`` on and make it the current one."""
         path = self._folder / _name(first_lsn)
-        files.replace(path, _header(first_lsn), "a new log file")  # fsync'd, renamed
+        new = not os.path.lexists(path)
+        try:
+            files.replace(path, _header(first_lsn), "a new log file")  # fsync'd, renamed
+        except BaseException:
+            # the rename may have happened before the folder's fsync failed: a file this
+            # log does not use must not stay under a name that claims the next records
+            if new:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise
         self._fsyncs += 1
         self._dir_fsyncs += 1
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
