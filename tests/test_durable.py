@@ -439,3 +439,20 @@ def test_chunks_of_one_size_are_merged(tmp_path, enc, monkeypatch):
     back = MemoryIndex.load(tmp_path / "m")
     same_memory(back, mem, enc)
     mem.close()
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("checkpoint_bytes", 0, "checkpoint_bytes must be an integer"),
+    ("checkpoint_bytes", 1.5, "checkpoint_bytes must be an integer"),
+    ("checkpoint_seconds", float("nan"), "checkpoint_seconds must be finite"),
+    ("checkpoint_seconds", 0, "checkpoint_seconds must be > 0"),
+    ("lock_timeout", -1, "lock_timeout must be >= 0"),
+    ("lock_timeout", float("nan"), "lock_timeout must be finite"),
+])
+def test_the_options_are_settings_checked_before_anything(tmp_path, enc, option, value,
+                                                          match):
+    from memgas_gpu.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=match):
+        MemoryIndex.open(tmp_path / "m", encoder=enc, **{option: value})
+    assert not (tmp_path / "m").exists()  # refused before the folder was touched
