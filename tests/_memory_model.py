@@ -66,15 +66,22 @@ METHODS = {
 }
 
 
+_TINY: list = []
+
+
 def tiny_encoder():
-    """A random-weight BERT (hidden 32) on the CPU: deterministic and fast (its folder
-    is removed when the process exits)."""
+    """A random-weight BERT (hidden 32) on the CPU: deterministic and fast (for code
+    that cannot take pytest's ``tiny_enc`` fixture: Hypothesis machines, child
+    processes).  Each call gets its own encoder object; the model's folder is made once
+    per process and removed when the process exits."""
     from memgas_gpu.encode import Encoder
     from memgas_gpu.encode.tiny import make_random_bert
 
-    folder = tempfile.mkdtemp(prefix="memgas-model-bert-")
-    atexit.register(shutil.rmtree, folder, True)
-    return Encoder(make_random_bert(folder), device="cpu", max_length=64)
+    if not _TINY:
+        folder = tempfile.mkdtemp(prefix="memgas-model-bert-")
+        atexit.register(shutil.rmtree, folder, True)
+        _TINY.append(make_random_bert(folder))
+    return Encoder(_TINY[0], device="cpu", max_length=64)
 
 
 @dataclass(frozen=True)

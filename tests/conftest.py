@@ -84,6 +84,24 @@ def lme_sample_path(dev_data) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> str:
+    """The folder of a random-weight BERT (hidden 32; seeded, so every test session gets
+    the same weights), made once per test session in pytest's temporary folder."""
+    from memgas_gpu.encode.tiny import make_random_bert
+
+    return make_random_bert(str(tmp_path_factory.mktemp("tiny-bert")))
+
+
+@pytest.fixture(scope="session")
+def tiny_enc(tiny_bert):
+    """An :class:`~memgas_gpu.encode.Encoder` of :func:`tiny_bert` on the CPU
+    (``max_length=64``), loaded once per test session: fast, deterministic."""
+    from memgas_gpu.encode import Encoder
+
+    return Encoder(tiny_bert, device="cpu", max_length=64)
+
+
+@pytest.fixture(scope="session")
 def minilm():
     """The bundled all-MiniLM-L6-v2 encoder on the CPU, loaded once per test session."""
     from memgas_gpu.encode import Encoder

@@ -32,7 +32,6 @@ import random
 import re
 import shutil
 import struct
-import tempfile
 import threading
 import time
 import zlib
@@ -75,16 +74,9 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def enc():
-    """A random-weight BERT (hidden 32) on the CPU, in a folder removed afterwards."""
-    from memgas_gpu.encode import Encoder
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    folder = tempfile.mkdtemp(prefix="memgas-ckpt-bert-")
-    try:
-        yield Encoder(make_random_bert(folder), device="cpu", max_length=64)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def enc(tiny_enc):
+    """The test session's tiny random BERT (conftest)."""
+    return tiny_enc
 
 
 # ---------------------------------------------------------------- the folder, by hand

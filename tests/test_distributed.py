@@ -27,8 +27,8 @@ def local_ray():
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+def tiny_model(tiny_bert):
+    return tiny_bert
 
 
 @pytest.fixture(scope="module")

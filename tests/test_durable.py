@@ -35,10 +35,8 @@ QUESTIONS = ["What breed is Rex?", "When is the violin recital?", "What did Clar
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> str:
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+def bert(tiny_bert) -> str:
+    return tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -456,3 +454,24 @@ def test_the_options_are_settings_checked_before_anything(tmp_path, enc, option,
     with pytest.raises(SettingsError, match=match):
         MemoryIndex.open(tmp_path / "m", encoder=enc, **{option: value})
     assert not (tmp_path / "m").exists()  # refused before the folder was touched
+
+
+def test_the_order_of_conversations_survives_forget_and_add_again(tmp_path, enc):
+    """A conversation forgotten and added again comes last, in the memory and after a
+    reload of each commit (oracle: the order of the writes, by hand)."""
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    for c, p in (("A", 0), ("B", 3), ("C", 4), ("D", 5)):
+        _add(mem, c, p, enc)
+    mem.checkpoint()
+    mem.forget_conversation("A")
+    mem.forget_conversation("B")
+    _add(mem, "B", 6, enc)
+    _add(mem, "A", 7, enc)
+    _add(mem, "E", 0, enc)
+    assert [c.id for c in mem.conversations] == ["C", "D", "B", "A", "E"]
+    mem.checkpoint()
+    assert [c.id for c in MemoryIndex.load(tmp_path / "m").conversations] == \
+        ["C", "D", "B", "A", "E"]
+    mem.abandon()
+    assert [c.id for c in MemoryIndex.open(tmp_path / "m", encoder=enc).conversations] == \
+        ["C", "D", "B", "A", "E"]

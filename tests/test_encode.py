@@ -28,8 +28,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_random_bert(str(tmp_path_factory.mktemp("tiny_bert")))
+def tiny_dir(tiny_bert):
+    return tiny_bert
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "gam.md"
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+def tiny_model(tiny_bert):
+    return tiny_bert
 
 
 def test_gam_example_runs_as_written(tmp_path, monkeypatch, tiny_model, capsys):

@@ -794,11 +794,9 @@ QUESTIONS = ["What breed is Rex?", "When is the violin recital?"]
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> str:
+def bert(tiny_bert) -> str:
     pytest.importorskip("Stemmer")
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+    return tiny_bert
 
 
 @pytest.fixture(scope="module")

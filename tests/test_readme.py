@@ -81,7 +81,7 @@ def test_every_code_block_runs_or_says_why_not(path):
 
 def test_readme_keeps_the_setup_commands_and_the_agent_block_first():
     setup = section("Set up and test")[0].code.splitlines()
-    assert setup == ['pip install -e ".[dev]"', "python -m pytest -q"]  # CI runs these
+    assert setup == ['pip install -e ".[dev]"', "python -m pytest -q --durations=20"]  # CI runs these
     first_python = next(b for b in blocks(README) if b.lang == "python")
     assert first_python.runs and "mg.MemoryIndex.build(mg.Dataset([]))" in first_python.code
     cmds = [c for b in section("Quick start") for c in bash_commands(b)]
@@ -145,10 +145,8 @@ class Runner:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+def tiny_model(tiny_bert):
+    return tiny_bert
 
 
 @pytest.fixture(scope="module")

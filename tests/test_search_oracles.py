@@ -123,13 +123,9 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    """``_memory_model.tiny_encoder``'s random tiny BERT, in pytest's temporary folder."""
-    from memgas_gpu.encode import Encoder
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return Encoder(make_random_bert(str(tmp_path_factory.mktemp("bert"))), device="cpu",
-                   max_length=64)
+def encoder(tiny_enc):
+    """The test session's tiny random BERT (conftest)."""
+    return tiny_enc
 
 
 #: scores equal up to the float rounding of another batch or view

@@ -36,12 +36,8 @@ class _Fixed:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from memgas_gpu.encode import Encoder
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return Encoder(make_random_bert(str(tmp_path_factory.mktemp("bert"))), device="cpu",
-                   max_length=64)
+def tiny(tiny_enc):
+    return tiny_enc
 
 
 @pytest.fixture(scope="module")

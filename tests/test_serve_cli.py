@@ -26,10 +26,8 @@ KEY = "alice-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    return make_random_bert(str(tmp_path_factory.mktemp("bert")))
+def bert(tiny_bert):
+    return tiny_bert
 
 
 def start(args, cwd, env=None, timeout=120.0):

@@ -50,14 +50,9 @@ JOIN_S = 60  # a caller not answered within this is a hung batcher (a bug), not 
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    """The tiny random BERT of ``_memory_model.tiny_encoder``, in a folder removed at
-    the end of the module."""
-    from memgas_gpu.encode import Encoder
-    from memgas_gpu.encode.tiny import make_random_bert
-
-    with tempfile.TemporaryDirectory(prefix="memgas-oracles-bert-") as tmp:
-        yield Encoder(make_random_bert(tmp), device="cpu", max_length=64)
+def encoder(tiny_enc):
+    """The test session's tiny random BERT (conftest)."""
+    return tiny_enc
 
 
 @pytest.fixture(scope="module")

@@ -134,3 +134,104 @@ def test_sweep_one_question_per_conversation_keeps_output_short(lme_sample_path,
     assert "locomo26_q0:" not in res.output
     loo = json.loads(out.with_suffix(".json").read_text())["leave_one_out"]
     assert len(loo["by_conversation"]) == 40
+
+
+def test_sweep_on_the_quick_start_data_averages_as_eval_does(tmp_path):
+    """The README's quick-start data holds a conversation whose only question is an
+    abstention: the sweep printed ``nan`` for every leave-one-out number. Now each row
+    equals ``memgas eval``'s own aggregate for the same settings, and the leave-one-out
+    estimate is recomputed here from eval's per-question logs (abstentions left out,
+    as eval leaves them out)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _hostile import run_cli, tiny_encoder
+    from memgas_gpu import load_dataset
+    from memgas_gpu.retrieve import MemoryIndex
+
+    data, idx_dir = tmp_path / "demo.json", tmp_path / "demo.idx"
+    res = run_cli("synth", "--out", data, "--questions", "10", "--sessions", "10",
+                  "--turns", "4", "--words", "20", "-q")  # the README's quick start
+    assert res.returncode == 0, res.stderr
+    raw = json.loads(data.read_text())
+    abstentions = {d["question_id"] for d in raw if d["question_id"].endswith("_abs")}
+    assert abstentions  # the issue's case is in the data
+    MemoryIndex.build(load_dataset(data), tiny_encoder(tmp_path / "bert"), device="cpu",
+                      progress=False).save(idx_dir)
+    damping = ("0.1", "0.3")
+
+    def sweep():
+        return run_cli("sweep", idx_dir, "--grid", f"damping={','.join(damping)}",
+                       "--k", "1,3,10", "--device", "cpu", "--out", tmp_path / "sw", "-q")
+
+    def evaluate(d):
+        return run_cli("eval", idx_dir, "--damping", d, "--k", "1,3,10", "--device", "cpu",
+                       "--out", tmp_path / f"e{d}.jsonl", "-q")
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda f: f(), [sweep] + [lambda d=d: evaluate(d)
+                                                        for d in damping]))
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    out = runs[0].stdout
+    assert "nan" not in out.lower(), out
+    doc = json.loads((tmp_path / "sw.json").read_text())
+    evals = {}
+    for d in damping:
+        summary = json.loads((tmp_path / f"e{d}.metrics.json").read_text())[
+            "methods"]["memgas_hybrid"]["all"]
+        logs = [json.loads(x) for x in (tmp_path / f"e{d}.jsonl").read_text().splitlines()]
+        evals[float(d)] = (summary, logs)
+    assert len(doc["rows"]) == len(damping)
+    for row in doc["rows"]:
+        summary, _ = evals[row["settings"]["damping"]]
+        assert summary["n"] == len(raw) - len(abstentions)
+        for k in (1, 3, 10):  # at k = 1 the abstention (2 gold sessions) would count 0
+            assert row[f"recall_all@{k}"] == pytest.approx(summary[f"recall_all@{k}"])
+    top = doc["rows"][0]
+    assert 0 < top["recall_all@1"] < 1  # a number the averaging rule changes
+    assert f"{round(100 * top['recall_all@1'], 2)}" in out.splitlines()[2]
+    # leave-one-conversation-out from eval's per-question logs
+    by = "recall_all@1"
+    per = {d: {} for d in evals}  # setting -> conversation -> values of its questions
+    skipped = set()
+    for d, (_, logs) in evals.items():
+        for rec in logs:
+            if rec["question_id"] in abstentions:
+                skipped.add(rec["conversation_id"])
+                continue
+            per[d].setdefault(rec["conversation_id"], []).append(
+                rec["retrieval_results"]["metrics"]["session"][by])
+    loo = doc["leave_one_out"]
+    convs = set(per[0.1])
+    assert set(loo["by_conversation"]) == convs and set(loo["skipped"]) == skipped - convs
+    assert skipped - convs  # an abstention-only conversation, left out
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    total = []
+    for c in convs:
+        train = {d: mean([v for c2, vs in per[d].items() if c2 != c for v in vs])
+                 for d in per}
+        best = max(train.values())
+        got = loo["by_conversation"][c]
+        assert got["train"] == pytest.approx(best)
+        assert any(got["held_out"] == pytest.approx(mean(per[d][c])) for d in per
+                   if train[d] == pytest.approx(best))
+        total += [got["held_out"]] * len(per[0.1][c])
+    assert loo[by] == pytest.approx(mean(total))
+    assert f"leave-one-conversation-out {by}: {100 * loo[by]:.2f}" in out
+    left_out = [ln for ln in out.splitlines() if "only abstention questions" in ln]
+    assert len(left_out) == 1 and all(c in left_out[0] for c in skipped - convs), out
+
+
+def test_a_metric_over_no_question_prints_as_a_dash():
+    """Only abstention questions: the average is NaN, shown as ``-`` (as ``memgas
+    eval`` shows an empty row), never ``nan``."""
+    from memgas_gpu.cli.sweep import format_ranked
+
+    nan = float("nan")
+    rows = [{"settings": {"damping": 0.1}, "recall_all@3": nan, "by_type": {}},
+            {"settings": {"damping": 0.3}, "recall_all@3": 0.5, "by_type": {}}]
+    lines = format_ranked(rows, (3,), top=2).splitlines()
+    assert lines[1].split() == ["1", "0.1", "-"] and lines[2].split() == ["2", "0.3", "50.0"]

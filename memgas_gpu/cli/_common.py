@@ -64,6 +64,16 @@ class FiniteFloat(click.ParamType):
         return f"FiniteFloat({self.describe()})"
 
 
+class PathArg(click.Path):
+    """``click.Path`` that also refuses an empty path: ``--out ""`` silently meant "no
+    output", and ``index --out ""`` the current folder."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail("an empty path", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def setting_type(cls, name: str) -> click.ParamType:
     """The option type of field ``name`` of the settings class ``cls`` (a
     :class:`~memgas_gpu.settings.Settings`), from its spec: an integer or a finite number
@@ -243,6 +253,47 @@ def check_encoder(ctx, param, value):
     return value
 
 
+def text_source_callback(*words: str):
+    """A ``--summaries`` / ``--keywords`` callback: one of ``words`` (the built-in
+    sources), or a file that exists (a MemGAS ``.jsonl``), checked when the command line
+    is read; otherwise one usage line naming the option (a typo reached the build, after
+    the data was loaded, as a traceback or an error naming neither)."""
+    def check(ctx, param, value):
+        if value is None or value in words:
+            return value
+        why = None
+        if not value:
+            why = "an empty value"
+        elif not os.path.exists(value):
+            why = "no such file"
+        elif not os.path.isfile(value):
+            why = "not a file"
+        if why is not None:
+            raise click.BadParameter(f"{value!r}: {why}; use {', '.join(map(repr, words))} "
+                                     "or a MemGAS .jsonl file", param=param)
+        return value
+    return check
+
+
+#: the built-in summary and keyword sources (``memgas_gpu.expand.resolve_source``)
+TEXT_SOURCES = ("offline", "source", "locomo")
+
+
+def date_callback(ctx, param, value):
+    """A date option (``--date``): empty (unknown) or a date python-dateutil reads, as
+    the library's ``check_date`` demands; one usage line naming the option otherwise
+    (it was a traceback naming ``question_date``)."""
+    if value is None or not value.strip():
+        return value
+    from ..retrieve.cues import parse_date
+
+    if parse_date(value) is None:
+        raise click.BadParameter(f"{value[:80]!r} is not a date python-dateutil reads (e.g. "
+                                 "'2024-05-01' or '1:56 pm on 8 May, 2023'; leave it out "
+                                 "when unknown)", param=param)
+    return value
+
+
 def _id_list(ctx, param, value):
     if value is None:
         return None
@@ -254,9 +305,14 @@ def _id_list(ctx, param, value):
 
 def load(data, fmt="auto", empty_sessions="error", user_only=False, conversations=None,
          exclude_conversations=None, progress=True):
-    """``load_dataset`` with the dataset options; an unknown id is a usage error."""
+    """``load_dataset`` with the dataset options; an unknown id is a usage error naming
+    the option, an index folder given as DATA one naming DATA."""
     from ..data import load_dataset
 
+    if (Path(data) / "manifest.json").exists():
+        raise click.BadParameter(f"{data}: an index folder; this command reads a dataset "
+                                 "(a LongMemEval or LoCoMo file, or a folder of them)",
+                                 param_hint="DATA")
     try:
         return load_dataset(data, fmt, empty_sessions=empty_sessions, user_only=user_only,
                             progress=progress, conversations=conversations,
@@ -264,7 +320,21 @@ def load(data, fmt="auto", empty_sessions="error", user_only=False, conversation
     except ValueError as e:
         if type(e) is not ValueError:  # DataFormatError keeps its own exit path
             raise
-        raise click.UsageError(str(e)) from None
+        hint = ("--exclude-conversations" if conversations is None else
+                "--conversations" if exclude_conversations is None else
+                "--conversations/--exclude-conversations")
+        raise click.BadParameter(str(e), param_hint=hint) from None
+
+
+def refuse_dataset_selection(opts: dict) -> None:
+    """``--conversations`` / ``--exclude-conversations`` select conversations of a
+    dataset; with an index folder they were ignored without a word (every conversation
+    evaluated): one usage line naming the option instead."""
+    for key, option in (("conversations", "--conversations"),
+                        ("exclude_conversations", "--exclude-conversations")):
+        if opts.get(key):
+            raise click.BadParameter("selects conversations of a dataset (DATA), not of an "
+                                     "index folder", param_hint=option)
 
 
 def dataset_options(f):
@@ -295,10 +365,12 @@ def build_options(f):
                   help="Tokens per text (longer texts are truncated) [default: the "
                        "model's sentence-transformers max_seq_length, else 512].")
     @click.option("--summaries", default=BuildParams.summaries, show_default=True, metavar="SRC",
+                  callback=text_source_callback(*TEXT_SOURCES),
                   help="'offline', 'source' (LoCoMo's own) or a MemGAS .jsonl file.")
     @click.option("--keywords", default=BuildParams.keywords, show_default=True, metavar="SRC",
+                  callback=text_source_callback(*TEXT_SOURCES),
                   help="'offline' or a MemGAS .jsonl file.")
-    @click.option("--store", type=click.Path(file_okay=False), default=None,
+    @click.option("--store", type=PathArg(file_okay=False), default=None,
                   help="Embedding store folder: resumable, shared across runs.")
     @click.option("--store-dtype", type=click.Choice(("float32", "float16")), default=None,
                   help="How --store keeps embeddings: float32 (a build without a store, "

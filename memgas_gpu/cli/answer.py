@@ -8,7 +8,8 @@ import click
 
 from .. import __version__
 from .._io import atomic_write, nan_to_null
-from ._common import check_out_file, dataset_options, info, load, quiet_option
+from ._common import (TEXT_SOURCES, PathArg, check_out_file, dataset_options, info, load,
+                      quiet_option, text_source_callback)
 from .expand import llm_options, make_client, pop_llm_options, report_client
 
 
@@ -35,25 +36,27 @@ def _evaluate(ds, hyps, judge, source, out) -> None:
 
 
 @click.command("answer")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
-@click.option("--retrieval", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.argument("data", type=PathArg(exists=True, dir_okay=False))
+@click.option("--retrieval", required=True, type=PathArg(exists=True, dir_okay=False),
               help="Retrieval log from `memgas eval --out`.")
 @click.option("--top-k", type=click.IntRange(1), default=5, show_default=True,
               help="Retrieved sessions per question.")
 @click.option("--summaries", default=None, metavar="SRC",
+              callback=text_source_callback(*TEXT_SOURCES),
               help="Summaries shown with each session: a MemGAS .jsonl file, 'source' or "
                    "'offline' [default: none].")
 @click.option("--keywords", default=None, metavar="SRC",
+              callback=text_source_callback(*TEXT_SOURCES),
               help="Keywords shown with each session (as --summaries).")
 @click.option("--no-filter", is_flag=True,
               help="Answer from the raw top-k sessions (ablation of the relevance filter).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
+@click.option("--out", required=True, type=PathArg(dir_okay=False),
               help="Hypothesis JSONL: question_id, hypothesis, filtered_context, "
                    "retrieved_session_ids.")
 @click.option("--judge", is_flag=True, help="Also grade the answers with an LLM judge.")
 @click.option("--judge-model", default=None, metavar="MODEL",
               help="Judge model [default: --llm-model].")
-@click.option("--metrics-out", type=click.Path(dir_okay=False), default=None,
+@click.option("--metrics-out", type=PathArg(dir_okay=False), default=None,
               help="QA metrics JSON [default: OUT with suffix .qa.json].")
 @dataset_options
 @llm_options()
@@ -99,9 +102,9 @@ def answer(data, retrieval, top_k, summaries, keywords, no_filter, out, judge, j
 
 
 @click.command("qa-eval")
-@click.argument("hypotheses", type=click.Path(exists=True, dir_okay=False))
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.argument("hypotheses", type=PathArg(exists=True, dir_okay=False))
+@click.argument("data", type=PathArg(exists=True, dir_okay=False))
+@click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="Write the metrics (overall, per type, verdicts) as JSON.")
 @dataset_options
 @llm_options(model_flag="--judge-model", required=False)

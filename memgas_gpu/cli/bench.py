@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ._common import FiniteFloat, check_out_dir, check_runtime, info, quiet_option
+from ._common import FiniteFloat, PathArg, check_out_dir, check_runtime, info, quiet_option
 
 # kept here (not imported) so `memgas --help` does not import torch; a test checks they
 # equal memgas_gpu.bench.suite.SCALES / STAGES
@@ -17,7 +17,7 @@ STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online",
 
 
 @click.command("bench")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=PathArg(file_okay=False),
               help="Folder for report.md, results.json and the PNG plots.")
 @click.option("--scale", type=click.Choice(SCALES), default="s", show_default=True,
               help="tiny: smoke test (seconds); s: 2 CPU cores in a few minutes; m: "
@@ -43,6 +43,9 @@ def bench(out, scale, device, stages, threads, budget_s, no_reference) -> None:
     check_out_dir(out)
     chosen = [s.strip() for s in stages.split(",") if s.strip()]
     bad = sorted(set(chosen) - set(STAGES))
+    if not chosen:  # ran nothing and wrote an empty report, exit 0
+        raise click.BadParameter(f"no stage named; choose from {', '.join(STAGES)}",
+                                 param_hint="'--stages'")
     if bad:
         raise click.BadParameter(f"unknown {bad}; choose from {', '.join(STAGES)}",
                                  param_hint="'--stages'")

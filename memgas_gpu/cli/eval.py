@@ -12,15 +12,16 @@ from ..gam.params import GamParams
 from ..gam.presets import GAM_METHODS  # GAM and its ablations (no tensor code imported)
 from ..retrieve.params import ReadParams
 from ..retrieve.presets import METHODS, PRESETS  # the session methods (no torch imported)
-from ._common import (DEFAULT_METHOD, build_index, build_options, check_out_dir,
-                      check_out_file, check_runtime, dataset_options, info, ks_callback, load,
-                      ray_or_exit, segmentation_callback, setting_type, settings_callback)
+from ._common import (DEFAULT_METHOD, PathArg, build_index, build_options,
+                      check_out_dir, check_out_file, check_runtime, dataset_options, info,
+                      ks_callback, load, ray_or_exit, refuse_dataset_selection,
+                      segmentation_callback, setting_type, settings_callback)
 
 KS = (1, 3, 5, 10, 30, 50)
 
 
 @click.command("eval")
-@click.argument("source", type=click.Path(exists=True))
+@click.argument("source", type=PathArg(exists=True))
 @click.option("--method", "methods", multiple=True, default=(DEFAULT_METHOD,),
               show_default=True, type=click.Choice(METHODS + GAM_METHODS + ("all",)),
               help="Retrieval method (repeat for several; 'all' for every session method). "
@@ -49,12 +50,12 @@ KS = (1, 3, 5, 10, 30, 50)
                    "default 'auto' is chosen by a rule that is printed and recorded.")
 @click.option("--k", "ks", default=",".join(map(str, KS)), show_default=True,
               callback=ks_callback, help="Metric cut-offs (comma-separated, >= 1).")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="LongMemEval-style retrieval log (JSONL). One method: written to OUT "
                    "exactly; several: one log per method, OUT with the method before its "
                    "suffix (r.jsonl -> r.memgas.jsonl, r.bm25.jsonl). Metrics of all: OUT "
                    "with its suffix replaced by .metrics.json (r.metrics.json).")
-@click.option("--save-index", type=click.Path(file_okay=False), default=None,
+@click.option("--save-index", type=PathArg(file_okay=False), default=None,
               help="When SOURCE is a dataset: also save the built index here.")
 @dataset_options
 @build_options
@@ -73,6 +74,8 @@ def eval_cmd(source, methods, turn_level, segmentation, router, temperature, alp
     methods = METHODS if "all" in methods else tuple(m for m in dict.fromkeys(methods)
                                                      if m not in GAM_METHODS)
     is_index = (src / "manifest.json").exists()
+    if is_index:
+        refuse_dataset_selection(opts)
     if (gam_methods or turn_level) and is_index:
         raise click.BadParameter("GAM methods and --turns need DATA (a dataset file), not an "
                                  "index folder", param_hint="SOURCE")
@@ -146,7 +149,9 @@ def check_settings(methods, settings: dict, from_set: dict) -> None:
             try:
                 resolve(None, method, **({key: value} if key else settings))
             except SettingsError as e:
-                given_by_set = key in from_set and settings[key] == from_set[key]
+                # (identity first: NaN, the value most worth naming, equals nothing)
+                given_by_set = key in from_set and (settings[key] is from_set[key]
+                                                    or settings[key] == from_set[key])
                 hint = "--set" if key is None or given_by_set else f"--{key}"
                 raise click.BadParameter(f"{e} (method {method})", param_hint=hint) from None
 

@@ -9,8 +9,33 @@ import os
 
 import click
 
-from ._common import (FiniteFloat, check_out_dir, check_out_file, dataset_options, info, load,
-                      quiet_option)
+from ._common import (FiniteFloat, PathArg, check_out_dir, check_out_file, dataset_options,
+                      info, load, quiet_option)
+
+
+def _base_url(ctx, param, value):
+    """``--base-url`` checked when the command line is read (an http(s) URL), naming the
+    option; the same rule as :class:`memgas_gpu.llm.LLMConfig`, whose error named
+    neither."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    if urlsplit(value).scheme not in ("http", "https"):
+        from ..llm.config import public_url
+
+        shown = public_url(value)  # never a password in a message, even in a URL that
+        if "@" in shown:           # has no scheme for public_url to find its credentials
+            shown = "…@" + shown.rsplit("@", 1)[1]
+        raise click.BadParameter(f"{shown!r}: must start with http:// or https://",
+                                 param=param)
+    return value
+
+
+def _nonempty(ctx, param, value):
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty value", param=param)
+    return value
 
 
 def llm_options(model_flag: str = "--llm-model", required: bool = True):
@@ -19,7 +44,7 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
         @click.option(model_flag, "llm_model", default=None, metavar="MODEL",
                       help="Chat model name [default: $MEMGAS_LLM_MODEL]"
                            + ("." if required else "; none: no LLM judge."))
-        @click.option("--base-url", default=None, metavar="URL",
+        @click.option("--base-url", default=None, metavar="URL", callback=_base_url,
                       help="OpenAI-compatible server, e.g. http://localhost:8000/v1 "
                            "[default: $MEMGAS_LLM_BASE_URL, $OPENAI_BASE_URL, OpenAI].")
         @click.option("--api-key-env", default=None, metavar="VAR",
@@ -36,7 +61,7 @@ def llm_options(model_flag: str = "--llm-model", required: bool = True):
                       help="Completion length limit.")
         @click.option("--max-response-mb", type=FiniteFloat(0, min_open=True), default=16.0,
                       show_default=True, help="Largest response body accepted (MiB).")
-        @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
+        @click.option("--cache", "cache_path", type=PathArg(dir_okay=False), default=None,
                       help="SQLite response cache (resume / free reruns) [default: "
                            "$MEMGAS_LLM_CACHE or ~/.cache/memgas_gpu/llm_cache.sqlite].")
         @click.option("--no-cache", is_flag=True, help="Do not read or write the cache.")
@@ -86,8 +111,8 @@ def report_client(client) -> None:
 
 
 @click.command("expand")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", required=True, metavar="DIR_OR_PREFIX",
+@click.argument("data", type=PathArg(exists=True, dir_okay=False))
+@click.option("--out", required=True, metavar="DIR_OR_PREFIX", callback=_nonempty,
               help="A folder (existing or ending in /) gets summary_level.jsonl and "
                    "keyword_level.jsonl; otherwise PREFIX-summary_level.jsonl and "
                    "PREFIX-keyword_level.jsonl.")

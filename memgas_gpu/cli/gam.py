@@ -10,12 +10,13 @@ from .. import __version__
 from .._io import atomic_write
 from ..gam.params import SEGMENTATIONS, GamParams  # these two modules import no tensor code
 from ..gam.presets import METHODS
-from ._common import (check_encoder, check_out_file, check_runtime, dataset_options, info, load,
-                      quiet_option, setting_type)
+from ._common import (TEXT_SOURCES, PathArg, check_encoder, check_out_file, check_runtime,
+                      dataset_options, info, load, quiet_option, setting_type,
+                      text_source_callback)
 
 
 @click.command("gam")
-@click.argument("data", type=click.Path(exists=True))
+@click.argument("data", type=PathArg(exists=True))
 @click.option("--method", "methods", multiple=True, default=("gam",), show_default=True,
               type=click.Choice(METHODS + ("all",)),
               help="GAM, an ablation or a flat utterance baseline (repeat; 'all').")
@@ -30,14 +31,15 @@ from ._common import (check_encoder, check_out_file, check_runtime, dataset_opti
 @click.option("--seed", type=setting_type(GamParams, "noise_seed"), default=GamParams.noise_seed,
               show_default=True, help="Noise seed.")
 @click.option("--summaries", default=GamParams.summaries, show_default=True,
+              callback=text_source_callback("raw", *TEXT_SOURCES),
               help="c_sum source: offline (extractive, per topic), raw, or a .jsonl file.")
 @click.option("--encoder", default=None, metavar="MODEL", callback=check_encoder,
               help="Encoder model: a Hugging Face name or a local folder [default: the "
                    "bundled all-MiniLM-L6-v2].")
-@click.option("--store", type=click.Path(file_okay=False), default=None,
+@click.option("--store", type=PathArg(file_okay=False), default=None,
               help="Embedding store folder (encode each text once, across runs).")
 @click.option("--device", default=None, help="cpu, cuda … [default: auto].")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="Write the metrics (JSON: method → metrics.turn, as fractions) here.")
 @dataset_options
 @quiet_option

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import click
 
-from ._common import build_index, build_options, check_out_dir, check_runtime, dataset_options
+from ._common import (PathArg, build_index, build_options, check_out_dir, check_runtime,
+                      dataset_options)
 
 
 @click.command("index")
-@click.argument("data", type=click.Path(exists=True))
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.argument("data", type=PathArg(exists=True))
+@click.option("--out", required=True, type=PathArg(file_okay=False),
               help="Index folder to write (replaced atomically; checked before any work).")
 @dataset_options
 @build_options

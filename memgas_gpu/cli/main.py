@@ -33,18 +33,32 @@ def _write_errors() -> tuple:
     return (OSError, SafetensorError)
 
 
+def _usage_exit(e: click.UsageError):
+    """A usage error as one line naming the command, and exit status 2."""
+    where = e.ctx.command_path if e.ctx is not None else "memgas"
+    click.echo(_one_line(f"{where}: {e.format_message()} (see {where} --help)"), err=True)
+    sys.exit(2)
+
+
 class _Group(click.Group):
     """Report library errors, and outputs that cannot be written, as one line on stderr
     with exit status 2; no traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list) -> list:
+        # the group's own options (``memgas --bogus``): click printed Usage, a blank
+        # line and Error; a bare ``memgas`` still prints the help
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":
+                raise
+            _usage_exit(e)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.UsageError as e:  # bad arguments: one line too, naming the command
-            where = e.ctx.command_path if e.ctx is not None else "memgas"
-            click.echo(_one_line(f"{where}: {e.format_message()} (see {where} --help)"),
-                       err=True)
-            sys.exit(2)
+            _usage_exit(e)
         except MemgasError as e:
             click.echo(_one_line(e), err=True)
             sys.exit(2)

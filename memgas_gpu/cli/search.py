@@ -7,14 +7,24 @@ import click
 
 from .._display import safe_json, safe_text
 from ..retrieve.presets import METHODS
-from ._common import (DEFAULT_METHOD, check_runtime, clean_queries, quiet_option,
-                      settings_callback)
+from ._common import (DEFAULT_METHOD, PathArg, check_runtime, clean_queries,
+                      date_callback, quiet_option, settings_callback)
 from .eval import check_settings
 
 
+def _queries(ctx, param, value):
+    """QUERIES: each holds some text (an empty one was a traceback naming
+    ``queries[0]``)."""
+    blank = [i for i, q in enumerate(value, 1) if not q.strip()]
+    if blank:
+        raise click.BadParameter(f"question {blank[0]} is empty: there is nothing to search "
+                                 "for", param=param)
+    return value
+
+
 @click.command("search")
-@click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("queries", nargs=-1, required=True)
+@click.argument("index_dir", type=PathArg(exists=True, file_okay=False))
+@click.argument("queries", nargs=-1, required=True, callback=_queries)
 @click.option("--conversation", "conversation", required=True,
               help="Conversation id to search (`memgas stats IDX` lists them).")
 @click.option("--k", type=click.IntRange(1), default=5, show_default=True,
@@ -25,8 +35,9 @@ from .eval import check_settings
               help="Best-matching turns shown per session.")
 @click.option("--set", "set_specs", multiple=True, metavar="KEY=VALUE",
               callback=settings_callback, help="Any read-path setting (repeat), e.g. --set time_beta=0.")
-@click.option("--date", "question_date", default=None,
-              help="When the questions are asked (anchors 'last week' for the time cue).")
+@click.option("--date", "question_date", default=None, callback=date_callback,
+              help="When the questions are asked (anchors 'last week' for the time cue; a "
+                   "date python-dateutil reads, e.g. 2024-05-01).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per question.")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda if available).")
 @quiet_option

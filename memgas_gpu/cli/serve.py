@@ -5,24 +5,25 @@ import sys
 
 import click
 
-from ._common import FiniteFloat, check_runtime, info, quiet_option
+from ._common import (FiniteFloat, PathArg, check_encoder, check_out_dir, check_runtime, info,
+                      quiet_option)
 
 
 @click.command("serve")
-@click.argument("folder", type=click.Path(file_okay=False))
+@click.argument("folder", type=PathArg(file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Without keys only a local one (127.0.0.1, ::1, "
                    "localhost) unless --allow-remote-without-keys.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port (0: a free one; the URL line shows it).")
-@click.option("--keys", "keys_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--keys", "keys_file", type=PathArg(dir_okay=False), default=None,
               help='API keys: a JSON file {"KEY": "tenant", ...} (default: the same JSON '
                    "in MEMGAS_API_KEYS; neither: no keys, no tenants).")
 @click.option("--max-batch-size", type=click.IntRange(1), default=64, show_default=True,
               help="Questions per search batch at most (1: no batching).")
 @click.option("--max-wait-ms", type=FiniteFloat(0), default=5.0, show_default=True,
               help="How long a search waits for others to share its batch.")
-@click.option("--encoder", default=None,
+@click.option("--encoder", default=None, callback=check_encoder,
               help="Encoder (folder or Hugging Face name) of a new memory, or checked "
                    "against an existing one's [default: the memory's own; the bundled "
                    "MiniLM for a new one].")
@@ -53,7 +54,12 @@ def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, d
     from ..serve.run import serve as run
     from ..serve.tenants import ENV_KEYS, load_keys
 
+    # every check before the first status line: a refusal is one line on stderr
+    if not use_ray and (replicas != 2 or ray_address):
+        raise click.UsageError("--replicas and --ray-address go with --ray")
     device = check_runtime(device)
+    # a memory, or a new one (with --ray: a folder of shard-i memories, checked by them)
+    check_out_dir(folder, "FOLDER", index=not use_ray, parents=True)
     keys, warning = load_keys(keys_file)
     if warning:
         info(f"warning: {warning}")
@@ -70,8 +76,6 @@ def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, d
         info("memgas serve: no keys: local connections only, no tenants")
     else:
         info(f"memgas serve: {len(keys)} key(s), {len(keys.tenants)} tenant(s)")
-    if not use_ray and (replicas != 2 or ray_address):
-        raise click.UsageError("--replicas and --ray-address go with --ray")
     if use_ray and max_batch_size > 1:
         info(f"memgas serve: {replicas} Ray Serve replica(s), batches of up to "
              f"{max_batch_size} questions each")

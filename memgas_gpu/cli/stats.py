@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from .._display import safe_json, safe_text
-from ._common import dataset_options, load, quiet_option
+from ._common import PathArg, dataset_options, load, quiet_option
 
 
 @click.command("stats")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=PathArg(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @dataset_options
 @quiet_option

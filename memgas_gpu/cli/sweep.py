@@ -17,8 +17,10 @@ from .. import __version__
 from .._display import safe_text
 from .._io import atomic_write, nan_to_null
 from ..retrieve.params import ReadParams
-from ._common import (DEFAULT_METHOD, FiniteFloat, build_index, build_options, check_out_file,
-                      check_runtime, dataset_options, info, ks_callback, load)
+from ..retrieve.presets import METHODS
+from ._common import (DEFAULT_METHOD, FiniteFloat, PathArg, build_index, build_options,
+                      check_out_file, check_runtime, dataset_options, info, ks_callback, load,
+                      refuse_dataset_selection)
 
 #: accepted ranges of the numeric grid keys, from :class:`ReadParams`' field specs (NaN
 #: and inf are refused for all)
@@ -29,9 +31,14 @@ _GRID_RANGES = {name: FiniteFloat(spec.lo, spec.hi, min_open=spec.lo_open)
 MAX_LOO_LINES = 12
 
 
+def _bad_grid(message: str) -> click.BadParameter:
+    return click.BadParameter(message, param_hint="--grid")
+
+
 def parse_grid(specs) -> dict:
     """``["alpha=15,30", "signals=all;bm25_S"]`` → ``{key: [values]}``; signal sets are
-    separated by ``;`` (or ``,``); non-finite numbers are refused."""
+    separated by ``;`` (or ``,``); non-finite numbers are refused. Errors name
+    ``--grid``."""
     import math
 
     from ..eval.sweep import GRID_KEYS, signal_set
@@ -42,28 +49,53 @@ def parse_grid(specs) -> dict:
         key, sep, vals = spec.partition("=")
         key = key.strip()
         if not sep or key not in GRID_KEYS:
-            raise click.BadParameter(f"expected KEY=V1,V2 with KEY in {', '.join(GRID_KEYS)}; "
-                                     f"got {spec!r}")
+            raise _bad_grid(f"expected KEY=V1,V2 with KEY in {', '.join(GRID_KEYS)}; "
+                            f"got {spec!r}")
         raw = [v.strip() for v in vals.replace(";", ",").split(",") if v.strip()]
         try:
             values = [signal_set(v) if key == "signals" else
                       (None if key == "stopwords" and v == "none" else GRID_KEYS[key](v))
                       for v in raw]
         except SettingsError as e:
-            raise click.BadParameter(str(e)) from None
+            raise _bad_grid(str(e)) from None
         except ValueError:
-            raise click.BadParameter(f"bad value in {spec!r}") from None
+            raise _bad_grid(f"bad value in {spec!r}") from None
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise click.BadParameter(f"non-finite value in {spec!r}")
+            raise _bad_grid(f"non-finite value in {spec!r}")
         if not values:
-            raise click.BadParameter(f"no values in {spec!r}")
+            raise _bad_grid(f"no values in {spec!r}")
         if key in _GRID_RANGES:
             for v in values:
                 why = _GRID_RANGES[key].check(v)
                 if why is not None:
-                    raise click.BadParameter(f"{key}: {why} in {spec!r}")
+                    raise _bad_grid(f"{key}: {why} in {spec!r}")
         grid[key] = list(dict.fromkeys(values))
     return grid
+
+
+def check_grid(grid: dict, method: str, is_index: bool) -> None:
+    """Every grid value checked as a setting of ``method`` (an unknown ``fusion``,
+    ``graph``, ``router``, ``norm``, ``bm25_method`` or stopword list) before anything
+    is loaded: it was refused after the index was loaded or built, naming neither the
+    option nor the grid."""
+    from ..lexical import Tokenizer
+    from ..retrieve import SettingsError, resolve
+
+    if "stopwords" in grid:
+        if is_index:
+            raise _bad_grid("a stopwords axis re-tokenises the texts: it needs the dataset "
+                            "(DATA), not an index folder")
+        for v in grid["stopwords"]:
+            try:
+                Tokenizer(stopwords=v)
+            except ValueError as e:
+                raise _bad_grid(f"stopwords: {e}") from None
+    for key, values in grid.items():
+        for v in values if key != "stopwords" else ():
+            try:
+                resolve(None, method, **{key: v})
+            except SettingsError as e:
+                raise _bad_grid(f"{e} (method {method})") from None
 
 
 def format_gains(g: list) -> str:
@@ -91,22 +123,28 @@ def _flat(rows: list, ks) -> tuple:
     return head, table
 
 
+def _cell(value) -> str:
+    return "-" if isinstance(value, float) and value != value else str(value)
+
+
 def format_ranked(rows: list, ks, top: int) -> str:
     head, table = _flat(rows[:top], ks)
     keep = [i for i, h in enumerate(head) if ":" not in h]
-    cells = [[str(head[i]) for i in keep]] + [[str(r[i]) for i in keep] for r in table]
+    # a metric over no question (only abstentions) is NaN: "-", as memgas eval shows it
+    cells = [[str(head[i]) for i in keep]] + [[_cell(r[i]) for i in keep] for r in table]
     widths = [max(len(c[i]) for c in cells) for i in range(len(keep))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(keep))) for c in cells)
 
 
 @click.command("sweep")
-@click.argument("source", type=click.Path(exists=True))
+@click.argument("source", type=PathArg(exists=True))
 @click.option("--grid", "grid_specs", multiple=True, metavar="KEY=V1,V2",
               help="A grid axis (repeat); KEY in signals, norm, temperature, router, alpha, "
                    "damping, fusion, graph, k1, b, bm25_method, stopwords, time_beta, speaker_gamma. "
                    "Signal sets are "
                    "'+'-joined names or all|lexical|dense|default|extractive, separated by ';'.")
-@click.option("--method", default=DEFAULT_METHOD, show_default=True,
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD,
+              show_default=True,
               help="The preset whose settings the grid varies.")
 @click.option("--k", "ks", default="3,5,10", show_default=True, callback=ks_callback,
               help="recall_all cut-offs (comma-separated, >= 1).")
@@ -116,7 +154,7 @@ def format_ranked(rows: list, ks, top: int) -> str:
 @click.option("--baselines", is_flag=True,
               help="Also evaluate every single signal alone and, when SOURCE is a dataset, "
                    "plain BM25 over session text with bm25s's tokenizer defaults.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=PathArg(dir_okay=False), default=None,
               help="Write <out>.csv and <out>.json (ranked, with per-type and "
                    "per-conversation metrics and the leave-one-out estimate).")
 @dataset_options
@@ -131,10 +169,15 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
     by = rank_by or f"recall_all@{ks[0]}"
     if by not in {f"recall_all@{k}" for k in ks}:
         choices = ", ".join(f"recall_all@{k}" for k in ks)
-        raise click.BadParameter(f"--rank-by must be one of {choices}")
+        raise click.BadParameter(f"{by!r} is not one of {choices} (the --k cut-offs)",
+                                 param_hint="--rank-by")
     src = Path(source)
+    is_index = (src / "manifest.json").exists()
+    if is_index:
+        refuse_dataset_selection(opts)
+    check_grid(grid, method, is_index)
     dataset = expansion = None
-    if (src / "manifest.json").exists():
+    if is_index:
         from ..retrieve import MemoryIndex
 
         idx = MemoryIndex.load(src)
@@ -168,6 +211,11 @@ def sweep(source, grid_specs, method, ks, rank_by, top, baselines, out, **opts) 
             click.echo(f"  {c}: held-out {100 * v['held_out']:.2f} (train "
                        f"{100 * v['train']:.2f}) with {v['settings']}" if picks else
                        f"  {c}: {100 * v['held_out']:.2f} ({v['n']} questions)")
+        skipped = loo.get("skipped") or []
+        if skipped:
+            shown = ", ".join(map(safe_text, skipped[:3])) + (", …" if len(skipped) > 3 else "")
+            click.echo(f"  ({len(skipped)} conversation(s) with only abstention questions, "
+                       f"left out as memgas eval leaves those questions out: {shown})")
     if out:
         head, table = _flat(rows, ks)
         buf = io.StringIO()

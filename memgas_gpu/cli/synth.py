@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from ._common import FiniteFloat, check_out_file, quiet_option
+from ._common import FiniteFloat, PathArg, check_out_file, quiet_option
 from ..synth import (
     DEFAULT_ABSTENTION_RATE,
     DEFAULT_DISTRACTOR_RATE,
@@ -39,7 +39,7 @@ def _preset_help() -> str:
 
 
 @click.command("synth")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, writable=True),
+@click.option("--out", "out", required=True, type=PathArg(dir_okay=False, writable=True),
               help="Output JSON file (written atomically).")
 @click.option("--scale", type=click.Choice(list(SCALES)), default="s", show_default=True,
               help=f"Shape preset ({_preset_help()}); explicit options override it.")

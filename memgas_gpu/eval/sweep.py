@@ -190,16 +190,26 @@ def rank(rows: list, by: str, ks: Sequence[int]) -> list:
 
 def leave_one_out(rows: list, by: str) -> dict:
     """For each conversation: the best setting on the others (question-weighted ``by``),
-    and its score on the held-out one."""
+    and its score on the held-out one.
+
+    Only the questions :func:`~memgas_gpu.eval.evaluate` averages count (``n``: the
+    non-abstention ones): a conversation without any (a LongMemEval haystack whose one
+    question is an abstention) has no score (NaN) and is left out, listed under
+    ``skipped``; it made every estimate NaN. Empty when no conversation has one.
+    """
     cand = [r for r in rows if not r["settings"].get("baseline")]
     if not cand:
         return {}
-    convs = list(cand[0]["by_conversation"])
+    counted = {c: v["n"] for c, v in cand[0]["by_conversation"].items()}
+    convs = [c for c, n in counted.items() if n > 0]
+    if not convs:
+        return {}
     out, tot, nq = {}, 0.0, 0
     for c in convs:
         def score(r):
-            num = sum(v["n"] * v[by] for k, v in r["by_conversation"].items() if k != c)
-            den = sum(v["n"] for k, v in r["by_conversation"].items() if k != c)
+            others = [v for k, v in r["by_conversation"].items() if k != c and v["n"] > 0]
+            num = sum(v["n"] * v[by] for v in others)
+            den = sum(v["n"] for v in others)
             return num / max(den, 1)
         best = max(cand, key=score)
         held = best["by_conversation"][c]
@@ -207,7 +217,8 @@ def leave_one_out(rows: list, by: str) -> dict:
                   "n": held["n"]}
         tot += held[by] * held["n"]
         nq += held["n"]
-    return {"by_conversation": out, by: tot / max(nq, 1), "metric": by}
+    return {"by_conversation": out, by: tot / max(nq, 1), "metric": by,
+            "skipped": [c for c, n in counted.items() if n == 0]}
 
 
 def gains(rows: list, ks: Sequence[int]) -> list:

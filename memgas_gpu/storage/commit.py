@@ -546,17 +546,23 @@ def _append(w: _Writer, inp: CommitInput, written: Written, full: bool) -> Writt
     next_ordinal = 0 if full else written.next_ordinal
     present = set()
     touched = set()
+    prev = -1  # ordinals increase along the memory's order (a conversation forgotten and
+    # added again comes last: it gets a new ordinal)
     for seg in inp.segments:
         cid = seg.meta.id
         present.add(cid)
         got = segments.get(cid)
-        if got is not None and seg.version is not None and got[0] == seg.version:
+        in_order = got is not None and got[1][1] > prev
+        if in_order and seg.version is not None and got[0] == seg.version:
+            prev = got[1][1]
             continue
         if got is not None:
-            ordinal = got[1][1]
             w.drop(got[1][2:6])
+        if in_order:
+            ordinal = got[1][1]
         else:
             ordinal, next_ordinal = next_ordinal, next_ordinal + 1
+        prev = ordinal
         ref = w.put(_segment_blob(seg, keys))
         entry = [cid, ordinal, *ref, seg.n]
         segments[cid] = (seg.version, entry)
