@@ -131,7 +131,7 @@ def write_v3(index, folder, lsn: int = 0, records: list = ()) -> Path:
     """A version-3 durable folder: a checkpoint of ``index`` covering LSN ``lsn`` (one
     store chunk, a file per conversation, the questions' file, a checkpoint manifest,
     the pointer) and a format-1 log holding ``records`` (payloads) from ``lsn + 1``."""
-    from memgas_gpu.storage import commit
+    from memgas_gpu.storage import commit, pack
 
     folder = Path(folder)
     (folder / "data").mkdir(parents=True)
@@ -156,7 +156,7 @@ def write_v3(index, folder, lsn: int = 0, records: list = ()) -> Path:
     if q["terms"] is not None:
         qt.update({"lexical.q.indptr": q["terms"].indptr, "lexical.q.indices": q["terms"].indices,
                    "lexical.q.tf": q["terms"].tf})
-    base = save("base", commit._tensor_blob(qt))
+    base = save("base", pack.tensor_blob(qt))
     m = dict(inp.header, format="memgas_gpu.index", version=3, lsn=lsn,
              generation=int(t.generation), graphs=sorted(inp.graph_keys),
              dim=int(t.gran.shape[-1]), questions=q["records"],

@@ -36,7 +36,6 @@ from .._checks import float_dtype, require_encoder, resolve_device
 from ..data.model import Dataset, Question, Session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
-from ..granularity import N_GRAN
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .durable import Durable
 from .embed import embed_sessions, encode_unique

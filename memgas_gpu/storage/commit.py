@@ -37,10 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import stat
-import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -50,20 +46,19 @@ from torch import Tensor
 
 from .._io import json_loads
 from . import files
+from .pack import (DATA, MAX_JSON_BYTES, PACK_HEADER_BYTES, PackReader, PackWriter,
+                   json_blob, pack_files, pack_name, tensor_blob)
 from .validate import IndexFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "POINTER", "DATA", "WAL", "Written",
            "CommitInput", "Parts", "write_commit", "read_commit", "read_pointer",
-           "IndexFormatError", "pack_files", "PACK_BYTES", "cut_uncommitted", "store_of", "vocab_tensors"]
+           "IndexFormatError", "cut_uncommitted", "store_of", "vocab_tensors"]
 
 FORMAT_NAME = "memgas_gpu.index"
 #: the folder format this version writes
 FORMAT_VERSION = 4
 POINTER = "manifest.json"
-DATA = "data"
 WAL = "wal"
-#: a pack past this size is closed: the next commit starts a new one
-PACK_BYTES = 256 << 20
 #: store chunks of one size class merged at once (each slot rewritten log_8 times)
 CHUNK_FANIN = 8
 #: slots per chunk a full commit writes at most (bounds the memory a write needs)
@@ -72,219 +67,10 @@ CHUNK_SLOTS = 1 << 15
 #: take more than this many bytes
 GARBAGE_BYTES = 1 << 20
 _L1 = _LEAF = 64
-_PACK_MAGIC = b"MGAS-PCK"
-_PACK_HEAD = struct.Struct("<8sIQ")
-PACK_HEADER_BYTES = _PACK_HEAD.size + 4
-_PACK_NAME = re.compile(r"^([0-9]{8})\.pack$")
-#: largest root, page or pointer read (settings and questions' records; a directory
-#: page of ~10,000 conversations)
-MAX_JSON_BYTES = 64 << 20
-MAX_BLOB_BYTES = 1 << 34
-
-
-def pack_name(pack: int) -> str:
-    return f"{DATA}/{pack:08d}.pack"
-
-
-def pack_files(folder: Path) -> dict:
-    """``{pack id: path}`` of the packs in ``folder/data``."""
-    d = Path(folder) / DATA
-    out = {}
-    if d.is_dir():
-        for p in d.iterdir():
-            m = _PACK_NAME.match(p.name)
-            if m:
-                out[int(m.group(1))] = p
-    return out
-
-
 def _leaf_of(cid: str) -> tuple[int, int]:
     h = int.from_bytes(hashlib.blake2b(cid.encode("utf-8", "surrogatepass"),
                                        digest_size=8).digest(), "little")
     return (h >> 6) % _L1, h % _LEAF
-
-
-# ---------------------------------------------------------------------------- blobs
-def _tensor_blob(tensors: dict, meta: Optional[dict] = None) -> bytes:
-    from safetensors.torch import save
-
-    return save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                metadata={"memgas": json.dumps(meta or {}, ensure_ascii=False,
-                                               allow_nan=False)})
-
-
-def _json_blob(value) -> bytes:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False,
-                      separators=(",", ":")).encode("utf-8")
-
-
-class _Writer:
-    """Appends blobs to the folder's last pack (or a new one) and tracks each pack's
-    live bytes."""
-
-    def __init__(self, folder: Path, packs: dict, new_pack: bool) -> None:
-        self.folder = folder
-        self.packs = {int(k): dict(v) for k, v in packs.items()}
-        self.fd = -1
-        self.pack = max(self.packs) if self.packs else 0
-        self.start = 0
-        if new_pack or not self.packs or self.packs[self.pack]["end"] >= PACK_BYTES:
-            self._new()
-        else:
-            self.path = folder / pack_name(self.pack)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
-            self.start = self.end = self.packs[self.pack]["end"]
-        self.written = 0
-
-    created: Optional[int] = None
-
-    def _new(self) -> None:
-        self.pack = max([0, *self.packs, *pack_files(self.folder)]) + 1
-        self.path = self.folder / pack_name(self.pack)
-        head = _PACK_HEAD.pack(_PACK_MAGIC, 1, self.pack)
-        files.write_new(self.path, head + struct.pack("<I", zlib.crc32(head)), "a new pack")
-        files.sync_dir(self.path.parent)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
-        self.start = self.end = PACK_HEADER_BYTES
-        self.packs[self.pack] = {"end": self.end, "live": 0}
-        self.created = self.pack
-
-    def put(self, data: bytes) -> list:
-        files.append_at(self.fd, data, self.end, self.path, "a commit")
-        ref = [self.pack, self.end, len(data), zlib.crc32(data)]
-        self.end += len(data)
-        self.written += len(data)
-        p = self.packs[self.pack]
-        p["end"], p["live"] = self.end, p["live"] + len(data)
-        return ref
-
-    def drop(self, ref: Optional[list]) -> None:
-        """A blob no longer named by the commit being written (its bytes are garbage)."""
-        if ref is not None and ref[0] in self.packs:
-            self.packs[ref[0]]["live"] -= ref[2]
-
-    def sync(self) -> None:
-        os.fsync(self.fd)
-
-    def close(self, failed: bool = False) -> None:
-        """Close the pack; ``failed``: take back what this commit appended (the pack it
-        created removed, or the last one cut back), best effort."""
-        if self.fd >= 0:
-            if failed and self.created is None:
-                try:
-                    os.ftruncate(self.fd, self.start)
-                except OSError:
-                    pass
-            os.close(self.fd)
-            self.fd = -1
-        if failed and self.created is not None:
-            try:
-                files.remove([self.path])
-            except OSError:
-                pass
-
-
-def _no_surrogate(where: str, value, text: str):
-    """``value`` (parsed from the JSON ``text``), refused when a string of it holds a lone
-    UTF-16 surrogate (an escape JSON allows, not valid Unicode text)."""
-    from .._io import find_surrogate, may_hold_surrogate
-
-    bad = find_surrogate(value) if may_hold_surrogate(text) else None
-    if bad is not None:
-        raise IndexFormatError(f"{where}: field {bad!r}: a lone UTF-16 surrogate escape (not "
-                               "valid Unicode text)")
-    return value
-
-
-class _Reader:
-    """Reads blobs by ref (CRC-32 checked), keeping each pack open while it reads."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.fds: dict = {}
-
-    def get(self, ref, what: str) -> bytes:
-        if (not isinstance(ref, list) or len(ref) != 4
-                or not all(type(x) is int and x >= 0 for x in ref)
-                or ref[2] > MAX_BLOB_BYTES):
-            raise IndexFormatError(f"{self.folder}: {what}: not a blob reference "
-                                   f"({json.dumps(ref)[:80]})")
-        pack, off, n, crc = ref
-        fd = self.fds.get(pack)
-        path = self.folder / pack_name(pack)
-        if fd is None:
-            try:  # O_NONBLOCK: a FIFO must not block the reader (refused below)
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except NotADirectoryError:  # FileNotFoundError: retried by the caller
-                raise IndexFormatError(f"{path.parent}: not a folder") from None
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                os.close(fd)
-                raise IndexFormatError(f"{path}: " + ("a folder, not a file" if stat.S_ISDIR(mode)
-                                                      else "not a regular file"))
-            head = os.pread(fd, PACK_HEADER_BYTES, 0)
-            if len(head) < PACK_HEADER_BYTES or head[:8] != _PACK_MAGIC or \
-                    zlib.crc32(head[:_PACK_HEAD.size]) != \
-                    struct.unpack_from("<I", head, _PACK_HEAD.size)[0] or \
-                    _PACK_HEAD.unpack_from(head)[2] != pack:
-                os.close(fd)
-                raise IndexFormatError(f"{path}: offset 0: not the header of pack {pack} (a "
-                                       "damaged or foreign file)")
-            self.fds[pack] = fd
-        parts, got = [], 0
-        while got < n:
-            b = os.pread(fd, n - got, off + got)
-            if not b:
-                break
-            parts.append(b)
-            got += len(b)
-        data = b"".join(parts)
-        if len(data) != n:
-            raise IndexFormatError(f"{path}: offset {off}: {what} is cut short ({len(data)} of "
-                                   f"{n} bytes)")
-        if zlib.crc32(data) != crc:
-            raise IndexFormatError(f"{path}: offset {off}: {what} differs from the CRC-32 "
-                                   "checksum its commit recorded (the file was changed or "
-                                   "damaged)")
-        return data
-
-    def json(self, ref, what: str):
-        if isinstance(ref, list) and len(ref) == 4 and type(ref[2]) is int and \
-                ref[2] > MAX_JSON_BYTES and type(ref[0]) is int and type(ref[1]) is int:
-            # refused from its size before it is read (a sparse pack holds any length)
-            raise IndexFormatError(f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: "
-                                   f"{what}: {ref[2]} bytes, more than the {MAX_JSON_BYTES} "
-                                   "accepted")
-        data = self.get(ref, what)
-        where = f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        try:
-            text = data.decode("utf-8")
-            return _no_surrogate(where, json_loads(text), text)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise IndexFormatError(f"{where}: not JSON ({type(e).__name__}: "
-                                   f"{' '.join(str(e).split())[:120]})") from None
-
-    def tensors(self, ref, what: str) -> tuple[dict, dict]:
-        from safetensors.torch import load
-
-        data = self.get(ref, what)
-        where = f"{self.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        try:
-            tensors = load(data)
-            n = int.from_bytes(data[:8], "little")
-            text = json_loads(data[8:8 + n])["__metadata__"]["memgas"]
-            meta = json_loads(text)
-        except Exception as e:  # noqa: BLE001 - safetensors' and json's errors
-            raise IndexFormatError(f"{where}: unreadable ({type(e).__name__}: "
-                                   f"{' '.join(str(e).split())[:160]})") from None
-        if not isinstance(meta, dict):
-            raise IndexFormatError(f"{where}: its metadata is not an object")
-        return tensors, _no_surrogate(where, meta, text)
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
 
 
 # ---------------------------------------------------------------------------- what is written
@@ -416,7 +202,7 @@ def _chunk_blob(t, a: int, b: int, t0: int, t1: int, dtype: torch.dtype) -> byte
                       f"lexical.{g}.tf": m.tf, f"lexical.{g}.doc_ptr": part.lexical_ptr[g]})
     if t.lexical_base is not None:
         x.update(vocab_tensors(t.lexical_base.vocab.terms[t0:t1]))
-    return _tensor_blob(x, {"slots": [a, b], "terms": [t0, t1]})
+    return tensor_blob(x, {"slots": [a, b], "terms": [t0, t1]})
 
 
 def _segment_blob(seg, keys) -> bytes:
@@ -425,7 +211,7 @@ def _segment_blob(seg, keys) -> bytes:
     for k in sorted(keys):
         ip, ix = seg.graphs[k]
         x[f"graph.{k}.indptr"], x[f"graph.{k}.indices"] = ip, ix
-    return _tensor_blob(x, {"id": meta.id, "session_ids": list(meta.session_ids),
+    return tensor_blob(x, {"id": meta.id, "session_ids": list(meta.session_ids),
                             "session_dates": list(meta.session_dates),
                             "session_metadata": meta.session_metadata})
 
@@ -435,7 +221,7 @@ def _questions_blob(q: dict, dtype: torch.dtype) -> bytes:
     terms = q.get("terms")
     if terms is not None:
         x.update({"q.indptr": terms.indptr, "q.indices": terms.indices, "q.tf": terms.tf})
-    return _tensor_blob(x, {"records": q["records"], "conversations": q["conversations"]})
+    return tensor_blob(x, {"records": q["records"], "conversations": q["conversations"]})
 
 
 def _tier(slots: int) -> int:
@@ -466,7 +252,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     if full:
         written = Written(commit=old.commit, lsn=old.lsn)
     files.make_dirs(folder / DATA)
-    w = _Writer(folder, written.packs, new_pack=full)
+    w = PackWriter(folder, written.packs, new_pack=full)
     try:
         new = _append(w, inp, written, full)
         w.sync()  # every blob of the commit durable before the pointer names it
@@ -476,8 +262,8 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     w.close()
     new.packs = w.packs
     new.bytes = w.written
-    pointer = _json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
-                          "commit": new.commit, "root": new.root})
+    pointer = json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
+                         "commit": new.commit, "root": new.root})
     try:
         files.replace(folder / POINTER, pointer, "the pointer manifest.json")
     except BaseException:
@@ -505,7 +291,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     return new
 
 
-def _append(w: _Writer, inp: CommitInput, written: Written, full: bool) -> Written:
+def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Written:
     t = inp.tables
     dtype = inp.dtype
     keys = frozenset(inp.graph_keys)
@@ -586,14 +372,14 @@ def _append(w: _Writer, inp: CommitInput, written: Written, full: bool) -> Writt
         _, entries = leaves[key]
         if entries:
             body = sorted(entries.values(), key=lambda e: e[1])
-            leaves[key] = (w.put(_json_blob({"entries": body})), entries)
+            leaves[key] = (w.put(json_blob({"entries": body})), entries)
         else:
             del leaves[key]
     for page in sorted({k[0] for k in touched}):
         w.drop(pages.get(page))
         refs = [leaves[(page, j)][0] if (page, j) in leaves else None for j in range(_LEAF)]
         if any(r is not None for r in refs):
-            pages[page] = w.put(_json_blob({"leaves": refs}))
+            pages[page] = w.put(json_blob({"leaves": refs}))
         else:
             pages.pop(page, None)
     # ---- questions (written once per store generation) and the root
@@ -609,16 +395,16 @@ def _append(w: _Writer, inp: CommitInput, written: Written, full: bool) -> Writt
                 directory={"conversations": len(segments), "next_ordinal": next_ordinal,
                            "pages": [pages.get(i) for i in range(_L1)]})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
-    body = _json_blob(root)
+    body = json_blob(root)
     root_ref = [w.pack, w.end, 0, 0]
     w.packs[w.pack]["live"] += 0
     root["packs"] = {str(k): v for k, v in w.packs.items()}
     for _ in range(3):  # the packs' figures include the root's own length
-        body = _json_blob(root)
+        body = json_blob(root)
         ends = dict(w.packs)
         ends[w.pack] = {"end": w.end + len(body), "live": w.packs[w.pack]["live"] + len(body)}
         root["packs"] = {str(k): v for k, v in sorted(ends.items())}
-    body = _json_blob(root)
+    body = json_blob(root)
     root_ref = w.put(body)
     return Written(commit=commit, root=root_ref, lsn=int(inp.lsn), generation=int(t.generation),
                    chunks=chunks, questions=qref, packs=w.packs, segments=segments,
@@ -674,7 +460,7 @@ def _cat_ptr(parts: list) -> Tensor:
     return torch.cat(out)
 
 
-def _store(r: _Reader, chunks: list, where: str) -> tuple[dict, int, int]:
+def _store(r: PackReader, chunks: list, where: str) -> tuple[dict, int, int]:
     parts = []
     expect_slot = expect_term = 0
     for i, c in enumerate(chunks):
@@ -747,14 +533,14 @@ def read_commit(folder, pointer: Optional[dict] = None) -> tuple[Parts, Written]
     """
     folder = Path(folder)
     pointer = pointer or read_pointer(folder)
-    r = _Reader(folder)
+    r = PackReader(folder)
     try:
         return _read(r, folder, pointer)
     finally:
         r.close()
 
 
-def _read(r: _Reader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
+def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
     root_ref = pointer["root"]
     where = f"{folder / pack_name(root_ref[0])}: offset {root_ref[1]}: the root"
     root = r.json(root_ref, "the root")

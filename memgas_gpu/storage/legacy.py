@@ -15,7 +15,6 @@ that opens it (or a ``save`` over it), which then removes these files.
 from __future__ import annotations
 
 import json
-import os
 import re
 import zlib
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 from .._io import find_surrogate, json_loads, may_hold_surrogate
 from . import files
-from .commit import FORMAT_NAME, Parts, store_of
+from .commit import Parts, store_of
 from .validate import IndexFormatError
 
 __all__ = ["read_legacy", "legacy_files", "LEGACY_VERSION", "MAX_MANIFEST_BYTES"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import codecs
 import re
-import zlib
 from typing import Any, Optional
 
 import torch
