@@ -24,7 +24,7 @@ _HOME = {
     "GraphParams": "params", "MemoryIndex": "..memory.index",
     "IndexConflictError": "..storage.folder", "IndexFormatError": "..storage.validate",
     "IndexLockError": "..storage.lock", "Retrieval": "search",
-    "SearchResult": "search", "retrieve": "search", "search": "search", "SIGNALS": "signals",
+    "SearchResult": "results", "retrieve": "search", "search": "search", "SIGNALS": "signals",
     "QueryBatch": "signals", "SearchRequest": "search",
 }
 

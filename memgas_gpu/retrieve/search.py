@@ -20,6 +20,7 @@ from .._io import find_surrogate
 from .engine import METHODS, PRESETS, ReadParams, score
 from .signals import QueryBatch
 from .filters import check_date, check_metadata
+from .results import SearchResult
 
 __all__ = ["METHODS", "PRESETS", "ReadParams", "Ranked", "Retrieval", "SearchResult",
            "retrieve", "search", "rank_questions", "rank_queries", "check_search",
@@ -115,31 +116,6 @@ def rank_questions(view, batch: QueryBatch, qi: Tensor, method: str, p: ReadPara
     scores, n = score(view, batch, p, device)
     return Retrieval(method, qi, scores.cpu(), ops.rank_sessions(scores, n).cpu(), n,
                      params={**p.describe(), **({"signals_rule": info} if info else {})})
-
-
-@dataclass
-class SearchResult:
-    """Answer to one query of :meth:`MemoryIndex.search`.
-
-    Attributes:
-        conversation_id: the conversation searched.
-        session_ids: the top-k session ids, best first.
-        scores: their scores.
-        evidence: for each returned session, its best-matching turns as
-            ``(turn index, text, score)``, best first (text is ``None`` when the index
-            keeps no texts).
-    """
-
-    conversation_id: str
-    session_ids: list
-    scores: list
-    evidence: list
-
-    def to_dict(self) -> dict:
-        return {"conversation_id": self.conversation_id, "session_ids": self.session_ids,
-                "scores": self.scores,
-                "evidence": [[{"turn": t, "text": x, "score": s} for t, x, s in ev]
-                             for ev in self.evidence]}
 
 
 def search(index, conversation_id: Union[str, Sequence[str]], queries: Sequence[str],
@@ -295,7 +271,9 @@ def rank_queries(view, conversation_ids: Sequence[str], queries: Sequence[str],
         out.append(SearchResult(c, [meta.session_ids[int(t)] for t in top],
                                 [float(scores[j, t]) for t in top],
                                 best_turns(view, q_emb[j], rows, evs[j])
-                                if evs[j] > 0 else [[] for _ in top]))
+                                if evs[j] > 0 else [[] for _ in top],
+                                [meta.session_dates[int(t)] for t in top],
+                                [meta.metadata(int(t)) for t in top]))
     return out
 
 
