@@ -222,7 +222,8 @@ def test_bodies_over_the_bound_are_refused(tmp_path, encoder):
         _err(httpx.post(f"{url}/v1/search", content=chunks()), 413, "too_large", "4096")
         ok = httpx.post(f"{url}/v1/search", json={"conversation_id": "a", "questions": ["q"]})
         assert ok.status_code == 200 and ok.json() == {"results": [
-            {"conversation_id": "a", "session_ids": [], "scores": [], "evidence": []}]}
+            {"conversation_id": "a", "session_ids": [], "scores": [], "evidence": [],
+             "dates": [], "metadata": []}]}
     import asyncio
 
     asyncio.run(backend.close())
