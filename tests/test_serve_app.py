@@ -181,7 +181,7 @@ BAD = [
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": "hi"}, 422,
      "invalid_type", "messages"),
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": [{"role": "u"}]},
-     422, "invalid_type", "content"),
+     422, "invalid_value", "content"),
     ("POST", "/v1/conversations/ana/sessions", {"messages": []}, 422, "invalid_value",
      "'id'"),
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": [
@@ -193,7 +193,7 @@ BAD = [
     ("GET", "/v1/conversations/ana/sessions/s99", None, 404, "not_found", "'s99'"),
     ("DELETE", "/v1/conversations/ana/sessions/s99", None, 404, "not_found", "'s99'"),
     ("DELETE", "/v1/conversations/nobody", None, 404, "not_found", "'nobody'"),
-    ("GET", "/v2/search", None, 404, "not_found", "/v2/search"),
+    ("GET", "/v2/search", None, 404, "no_route", "/v2/search"),
     ("GET", "/v1/search", None, 405, "method_not_allowed", "POST"),
     ("PUT", "/v1/conversations", None, 405, "method_not_allowed", "GET"),
     ("GET", "/v1/conversations/%FF/sessions", None, 400, "bad_request", "UTF-8"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
@@ -22,7 +22,8 @@ __all__ = [
     "SessionIn", "SessionsIn", "SearchIn", "EvidenceOut", "SearchResultOut", "SearchOut",
     "ConversationOut", "ConversationsPage", "SessionInfo", "SessionsPage", "SessionOut",
     "AddedSession", "AddedOut", "ReplacedOut", "RemovedOut", "ForgottenOut", "CompactedOut",
-    "HealthOut", "ReadyOut", "ErrorOut", "session_body", "parse_date",
+    "HealthOut", "ReadyOut", "ErrorOut", "session_body", "parse_date", "NotFound",
+    "Conflict", "openapi", "check_id",
 ]
 
 #: request bodies larger than this are refused with 413 (8 MiB)
@@ -35,8 +36,10 @@ MAX_K, MAX_EVIDENCE = 1000, 100
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask (``memgas serve --max-...``): a request over a limit is
-    refused (413 for a body, 422 naming the limit otherwise)."""
+    """What one client may ask of ``memgas serve`` (``memgas serve --max-...``, ``--...-
+    timeout``).  A request over a limit is refused before it costs anything: 413 for a
+    body, 431 for its headers, 408 for a request not sent in time, 422 naming the limit
+    for a count."""
 
     #: bytes of a request body
     max_body_bytes: int = MAX_BODY_BYTES
@@ -44,8 +47,33 @@ class Limits:
     max_questions: int = 256
     #: sessions of one add
     max_sessions: int = 256
-    #: conversations or sessions of one page of a listing
+    #: conversations or sessions of one page of a listing (``?limit=`` at most)
     max_page: int = 1000
+    #: conversations or sessions of a page when ``?limit=`` is not given
+    default_page: int = 100
+    #: bytes of a request's headers (request line included)
+    max_header_bytes: int = 16 << 10
+    #: header lines of a request
+    max_headers: int = 100
+    #: seconds from a connection's first byte (or the end of the previous request) to
+    #: the end of the request's headers
+    header_timeout_s: float = 10.0
+    #: seconds to receive a request's whole body once its headers are in
+    body_timeout_s: float = 30.0
+    #: seconds an idle keep-alive connection is kept open
+    keep_alive_s: float = 5.0
+    #: connections open at once (more are answered 503 and closed)
+    max_connections: int = 1000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                    or not math.isfinite(v):
+                raise ValueError(f"Limits.{f.name} must be a positive number, got {v!r}")
+        if self.default_page > self.max_page:
+            raise ValueError(f"Limits.default_page ({self.default_page}) is over "
+                             f"max_page ({self.max_page})")
 
 
 # ---------------------------------------------------------------------------- values
@@ -64,6 +92,19 @@ def _id(value: str) -> str:
     if _CONTROL.search(value):
         raise ValueError("holds a control character (ids are printable text)")
     return value
+
+
+def check_id(value: str, what: str) -> None:
+    """Refuse (``invalid_value``) an id of a path that the models would refuse in a body:
+    empty, longer than :data:`MAX_ID_CHARS`, or holding a control character."""
+    if not value:
+        raise ApiError("invalid_value", f"{what} must not be empty")
+    if len(value) > MAX_ID_CHARS:
+        raise ApiError("invalid_value", f"{what} is longer than {MAX_ID_CHARS} characters")
+    try:
+        _id(value)
+    except ValueError as e:
+        raise ApiError("invalid_value", f"{what} {e}") from None
 
 
 def parse_date(value: str) -> _dt.datetime:
@@ -184,21 +225,16 @@ class SearchIn(_Model):
 
     @model_validator(mode="after")
     def _check(self):
-        from ..retrieve.params import ReadParams
-        from ..retrieve.presets import METHODS
-
         if isinstance(self.conversation_id, list) and \
                 len(self.conversation_id) != len(self.questions):
-            raise ValueError(f"conversation_id: {len(self.conversation_id)} ids for "
-                             f"{len(self.questions)} questions (one id, or one per question)")
-        if self.method is not None and self.method not in METHODS:
-            raise ValueError(f"method: {self.method[:40]!r} is not one of "
-                             f"{', '.join(METHODS)}")
-        if self.settings:
-            try:
-                ReadParams().replace(**self.settings)
-            except ValueError as e:  # SettingsError names the setting
-                raise ValueError(f"settings: {e}") from None
+            raise ValueError(f"conversation_id: {len(self.conversation_id)} conversation "
+                             f"ids for {len(self.questions)} questions (one id, or one per "
+                             "question)")
+        clash = [k for k in self.settings if k in SearchIn.model_fields
+                 or k in ("encoder", "device", "queries")]
+        if clash:
+            raise ValueError(f"settings.{clash[0]} is not a read-path setting (give it as "
+                             "a field of the search itself)")
         return self
 
     def kwargs(self) -> dict:
@@ -211,13 +247,19 @@ class SearchIn(_Model):
 
 
 # ---------------------------------------------------------------------------- answers
-class EvidenceOut(_Model):
+class _Answer(BaseModel):
+    """A JSON object the server answers: exactly these fields, finite numbers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class EvidenceOut(_Answer):
     turn: int
     text: Optional[str]
     score: float
 
 
-class SearchResultOut(_Model):
+class SearchResultOut(_Answer):
     """One question's answer: the sessions (best first), their scores, best turns,
     dates and metadata."""
 
@@ -229,11 +271,11 @@ class SearchResultOut(_Model):
     metadata: list[dict[str, Scalar]]
 
 
-class SearchOut(_Model):
+class SearchOut(_Answer):
     results: list[SearchResultOut]
 
 
-class ConversationOut(_Model):
+class ConversationOut(_Answer):
     """A conversation: its session count and the range of its session dates."""
 
     id: str
@@ -242,18 +284,18 @@ class ConversationOut(_Model):
     last_date: Optional[str] = None
 
 
-class ConversationsPage(_Model):
+class ConversationsPage(_Answer):
     conversations: list[ConversationOut]
     next_cursor: Optional[str] = None
 
 
-class SessionInfo(_Model):
+class SessionInfo(_Answer):
     id: str
     date: str
     metadata: dict[str, Scalar]
 
 
-class SessionsPage(_Model):
+class SessionsPage(_Answer):
     conversation_id: str
     sessions: list[SessionInfo]
     next_cursor: Optional[str] = None
@@ -263,54 +305,54 @@ class SessionOut(SessionInfo):
     turns: Optional[list[str]]
 
 
-class AddedSession(_Model):
+class AddedSession(_Answer):
     id: str
     date: str
     turns: int
 
 
-class AddedOut(_Model):
+class AddedOut(_Answer):
     conversation_id: str
     added: list[AddedSession]
 
 
-class ReplacedOut(_Model):
+class ReplacedOut(_Answer):
     conversation_id: str
     replaced: AddedSession
 
 
-class RemovedOut(_Model):
+class RemovedOut(_Answer):
     conversation_id: str
     removed: str
 
 
-class ForgottenOut(_Model):
+class ForgottenOut(_Answer):
     forgotten: str
 
 
-class CompactedOut(_Model):
+class CompactedOut(_Answer):
     """A compaction: sessions dropped, and that no file of the folder holds them."""
 
     dropped: int
 
 
-class HealthOut(_Model):
+class HealthOut(_Answer):
     status: Literal["ok"]
 
 
-class ReadyOut(_Model):
+class ReadyOut(_Answer):
     status: Literal["ready"]
     conversations: int
     sessions: int
     log_bytes: int
 
 
-class ErrorDetail(_Model):
+class ErrorDetail(_Answer):
     code: str
     message: str
 
 
-class ErrorOut(_Model):
+class ErrorOut(_Answer):
     error: ErrorDetail
 
 
@@ -320,7 +362,8 @@ class ErrorOut(_Model):
 ERRORS: dict = {
     "bad_request": (400, ValueError),     # not JSON, not an object, a bad path
     "unauthorized": (401, None),          # no key, or not a key of this server
-    "not_found": (404, KeyError),         # no such route, conversation or session
+    "not_found": (404, KeyError),         # no such conversation or session
+    "no_route": (404, None),              # no such route (an older server, a wrong URL)
     "method_not_allowed": (405, None),
     "timeout": (408, None),               # the request was not sent in time
     "conflict": (409, ValueError),        # a session id taken
@@ -349,12 +392,29 @@ class ApiError(Exception):
         return {"error": {"code": self.code, "message": self.message}}
 
 
+class NotFound(KeyError):
+    """No such conversation or session (``what``: ``"conversation"`` or
+    ``"session"``): 404."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class Conflict(ValueError):
+    """A write the memory's state refuses (a session id taken, a conversation that holds
+    evaluation questions): 409."""
+
+
 def error_of(e: BaseException) -> ApiError:
-    """The answer for an exception of the memory (one table for the server, the Ray
-    shards and, reversed, the client): KeyError → not_found, TypeError →
-    invalid_type, ValueError → invalid_value; an ApiError as it is."""
+    """The answer for an exception of the memory (one table for the server and the Ray
+    shards; the client reverses it with :data:`CLIENT_EXCEPTIONS`): Conflict →
+    conflict, KeyError → not_found, TypeError → invalid_type, ValueError →
+    invalid_value; an ApiError as it is; anything else is a bug (internal)."""
     if isinstance(e, ApiError):
         return e
+    if isinstance(e, Conflict):
+        return ApiError("conflict", str(e))
     if isinstance(e, KeyError):
         return ApiError("not_found", str(e.args[0]) if e.args else "not found")
     if isinstance(e, TypeError):
@@ -375,14 +435,15 @@ def validation_error(e: ValidationError, what: str = "body") -> ApiError:
     from .._io import replace_surrogates
 
     err = e.errors(include_url=False)[0]
-    loc = ".".join(replace_surrogates(str(x)) for x in err["loc"]
-                   if not (isinstance(x, str) and _TAG.match(x)))
+    parts = [replace_surrogates(str(x)) for x in err["loc"]
+             if not (isinstance(x, str) and _TAG.match(x))]
+    loc = ".".join(parts)
     kind = err["type"]
     msg = replace_surrogates(str(err["msg"])).removeprefix("Value error, ")
-    if kind == "extra_forbidden":
-        return ApiError("invalid_value", f"{loc or what}: unknown field")
-    if kind == "missing":
-        return ApiError("invalid_value", f"{loc or what}: missing field")
+    if kind in ("extra_forbidden", "missing") and parts:
+        parent = ".".join(parts[:-1]) or what
+        word = "unknown" if kind == "extra_forbidden" else "missing"
+        return ApiError("invalid_value", f"{parent}: {word} field {parts[-1][:80]!r}")
     if kind == "string_unicode":
         msg = "not valid Unicode text (a lone UTF-16 surrogate)"
     code = "invalid_type" if kind.endswith("_type") or kind in (
@@ -413,7 +474,9 @@ ROUTES = (
     Route("GET", "/healthz", "healthz", None, HealthOut, auth=False,
           summary="Alive (200 while the server runs)"),
     Route("GET", "/readyz", "readyz", None, ReadyOut, auth=False,
-          summary="Ready: the memory is open (what it holds)"),
+          summary="Ready: the memory is open (what it holds, all tenants together)"),
+    Route("GET", "/metrics", "metrics", None, None, auth=False,
+          summary="Prometheus metrics (text)"),
     Route("GET", "/v1/conversations", "list_conversations", None, ConversationsPage,
           query=PAGE, summary="This key's conversations, a page at a time"),
     Route("GET", "/v1/conversations/{cid}", "get_conversation", None, ConversationOut,
@@ -445,6 +508,79 @@ def route(name: str) -> Route:
         if r.name == name:
             return r
     raise KeyError(name)
+
+
+def _route_parts(path: str) -> list:
+    return path.strip("/").split("/")
+
+
+def openapi(version: str = "", limits: Optional[Limits] = None) -> dict:
+    """The OpenAPI 3.1 document of :data:`ROUTES` (what ``/openapi.json`` serves): every
+    route with its request and answer schemas (generated from the models above), its
+    error answer, its path and query parameters, and the bearer key."""
+    from pydantic.json_schema import models_json_schema
+
+    lim = limits or Limits()
+    models = {ErrorOut}
+    for r in ROUTES:
+        for m in (r.body, r.answer):
+            if m is None:
+                continue
+            models.update(getattr(m, "__args__", None) or (m,))
+    ordered = sorted(models, key=lambda m: m.__name__)
+    _, top = models_json_schema(
+        [(m, "validation" if issubclass(m, _Model) else "serialization") for m in ordered],
+        ref_template="#/components/schemas/{model}")
+    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}  # noqa: E731
+    error = {"description": "an error: its code and a one-line message",
+             "content": {"application/json": {"schema": ref(ErrorOut)}}}
+    paths: dict = {}
+    for r in ROUTES:
+        op: dict = {"operationId": r.name, "summary": r.summary,
+                    "tags": ["memory" if r.auth else "service"]}
+        params = [{"name": p[1:-1], "in": "path", "required": True,
+                   "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS},
+                   "description": "percent-encoded (%2F for a '/' in an id)"}
+                  for p in _route_parts(r.path) if p.startswith("{")]
+        if "limit" in r.query:
+            params.append({"name": "limit", "in": "query", "required": False,
+                           "schema": {"type": "integer", "minimum": 1,
+                                      "maximum": lim.max_page,
+                                      "default": lim.default_page}})
+        if "cursor" in r.query:
+            params.append({"name": "cursor", "in": "query", "required": False,
+                           "schema": {"type": "string"},
+                           "description": "the next_cursor of the previous page"})
+        if params:
+            op["parameters"] = params
+        if r.body is not None:
+            kinds = getattr(r.body, "__args__", None)
+            schema = {"oneOf": [ref(m) for m in kinds]} if kinds else ref(r.body)
+            op["requestBody"] = {"required": True,
+                                 "content": {"application/json": {"schema": schema}}}
+        if r.answer is None:
+            ok = {"description": "Prometheus text format",
+                  "content": {"text/plain": {"schema": {"type": "string"}}}}
+        else:
+            ok = {"description": r.answer.__doc__.strip().splitlines()[0]
+                  if r.answer.__doc__ and r.answer.__doc__.strip() else r.answer.__name__,
+                  "content": {"application/json": {"schema": ref(r.answer)}}}
+        op["responses"] = {str(r.status): ok, "default": error}
+        if r.auth:
+            op["security"] = [{"bearer": []}, {}]
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "memgas serve", "version": version or "1",
+                 "description": "Long-term conversational memory over HTTP: add sessions, "
+                                "search them, forget them (docs/serving.md)."},
+        "paths": paths,
+        "components": {"schemas": top.get("$defs", {}),
+                       "securitySchemes": {"bearer": {
+                           "type": "http", "scheme": "bearer",
+                           "description": "a key of the server's keys file (with keys, "
+                                          "every /v1 route needs one)"}}},
+    }
 
 
 def session_body(session, summary=None, keywords=None, metadata=None) -> dict:
