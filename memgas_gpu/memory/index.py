@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .._checks import float_dtype, require_encoder, resolve_device
-from ..data.model import Dataset, Question, Session
+from ..data.model import Dataset, Question, Session, per_session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
@@ -733,14 +733,8 @@ class MemoryIndex:
                 session id the conversation holds (nothing changed).
         """
         sessions = list(sessions) if not isinstance(sessions, Session) else [sessions]
-        n = len(sessions)
-        per = {}
-        for name, values in (("summaries", summaries), ("keywords", keywords),
-                             ("metadata", metadata)):
-            values = [None] * n if values is None else list(values)
-            if len(values) != n:
-                raise ValueError(f"{name}: {len(values)} values for {n} sessions")
-            per[name] = values
+        per = per_session(len(sessions), summaries=summaries, keywords=keywords,
+                          metadata=metadata)
         seen = set()
         for s, u, k in zip(sessions, per["summaries"], per["keywords"]):
             check_session(conversation_id, s, u, k)

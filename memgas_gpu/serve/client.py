@@ -293,15 +293,11 @@ class Client:
             TypeError, ValueError: a malformed argument, two sessions of one id, or a
                 session id the conversation holds (nothing changed).
         """
+        from ..data.model import per_session
+
         sessions = _check_sessions(sessions)
-        n = len(sessions)
-        per = {}
-        for name, values in (("summaries", summaries), ("keywords", keywords),
-                             ("metadata", metadata)):
-            values = [None] * n if values is None else list(values)
-            if len(values) != n:
-                raise ValueError(f"{name}: {len(values)} values for {n} sessions")
-            per[name] = values
+        per = per_session(len(sessions), summaries=summaries, keywords=keywords,
+                          metadata=metadata)
         if not sessions:
             return  # as the memory: nothing to add
         body = {"sessions": [session_body(s, u, k, m) for s, u, k, m in zip(
