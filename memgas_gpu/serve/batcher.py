@@ -171,12 +171,14 @@ def check_request(conversation_id, queries: Sequence[str], k: int = 10,
 
 
 def recheck_request(request):
-    """:func:`check_request` of a :class:`~memgas_gpu.retrieve.search.SearchRequest`'s
-    fields (a request from :meth:`Batcher.request`, checked again where it is queued:
-    a TypeError for anything else)."""
+    """A :class:`~memgas_gpu.retrieve.search.SearchRequest` as queued: one that
+    :func:`check_request` returned (:meth:`Batcher.request`, the HTTP app's one check)
+    as it is, any other checked now (a TypeError for anything that is no request)."""
     if not dataclasses.is_dataclass(request) or not hasattr(request, "queries"):
         raise TypeError(f"expected a SearchRequest (Batcher.request(...)), got "
                         f"{type(request).__name__}")
+    if hasattr(request, "keep"):  # set by SearchRequest.checked(): checked once already
+        return request
     return check_request(request.conversation_id, request.queries, request.k,
                          request.method, request.evidence, request.question_date,
                          request.after, request.before, request.metadata,
