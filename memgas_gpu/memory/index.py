@@ -718,8 +718,8 @@ class MemoryIndex:
                      keywords: Optional[Sequence] = None,
                      metadata: Optional[Sequence] = None, encoder: Any = None) -> None:
         """Append several sessions to a conversation as one write: all of them or none
-        (every one is checked, the new ones encoded together, then all are linked in
-        order and published at once; on a memory opened on a folder they are one log
+        (every one is checked, the new ones encoded, each session apart, then all are
+        linked in order and published at once; on a memory opened on a folder they are one log
         record, so a crash leaves all of them or none).  Equals ``add_session`` of each
         in order.
 
