@@ -359,9 +359,9 @@ def add_point(enc, n: int = 32, rounds: int = 3, size: Optional[dict] = None,
     has sessions of its own (a session the memory holds already is shared, not
     encoded again)."""
     from ..retrieve import MemoryIndex
-    from .online import _template
+    from .online import synthetic_conversation
 
-    pool = _template(2 * n * (rounds + 1), seed, turns=4, words=20)[0].sessions
+    pool = synthetic_conversation(2 * n * (rounds + 1), seed, turns=4, words=20)[0].sessions
     folder = os.path.join(tmp, "serve_add")
     size = dict(size or {}, sessions_per_add=n)
     times = {"add batched": [], "add single": []}
