@@ -102,9 +102,11 @@ def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, d
     if not use_ray:
         probe_lock(folder)  # a folder another process holds: refused before any import
     try:
+        import pydantic  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise click.UsageError(f"memgas serve needs uvicorn ({e.name} is missing): pip "
+        raise click.UsageError(f"memgas serve needs uvicorn and pydantic ({e.name} is "
+                               "missing): pip "
                                "install \"memgas_gpu[serve]\"") from None
     from ..serve.protocol import Limits
     from ..serve.tenants import ENV_KEYS, load_keys

@@ -164,7 +164,7 @@ class _Call:
 
 
 class ServeApp:
-    """The ASGI app (see the module docstring); ``service.closing = True`` makes
+    """The ASGI app (see the module docstring); ``app.closing = True`` makes
     ``/v1`` routes and the probes answer 503 (set while shutting down)."""
 
     def __init__(self, backend, keys, limits: Limits, metrics: Metrics,
@@ -173,14 +173,6 @@ class ServeApp:
         self.counters = metrics
         self.closing = False
         self._openapi = json.dumps(openapi(version, limits)).encode("utf-8")
-
-    @property
-    def service(self) -> "ServeApp":  # the app is its own service (app.service.closing)
-        return self
-
-    @property
-    def state(self) -> "ServeApp":  # as Starlette's app.state.service
-        return self
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope, receive, send) -> None:
@@ -542,8 +534,7 @@ def _shown_path(scope) -> str:
 
 
 def create_app(backend, keys=None, limits: Optional[Limits] = None,
-               metrics: Optional[Metrics] = None, *, max_body_bytes: Optional[int] = None,
-               version: str = "") -> ServeApp:
+               metrics: Optional[Metrics] = None, *, version: str = "") -> ServeApp:
     """The ASGI app over ``backend`` (a :class:`~memgas_gpu.serve.LocalBackend` or the
     Ray Serve one).
 
@@ -553,15 +544,9 @@ def create_app(backend, keys=None, limits: Optional[Limits] = None,
         limits: what one request may ask (:class:`~.protocol.Limits`; default: its
             defaults).
         metrics: the request counters (default: new ones).
-        max_body_bytes: shorthand for ``limits.max_body_bytes``.
         version: the API version shown in ``/openapi.json`` (default: the package's).
     """
-    import dataclasses
-
-    lim = limits or Limits()
-    if max_body_bytes is not None:
-        lim = dataclasses.replace(lim, max_body_bytes=max_body_bytes)
     if not version:
         from .. import __version__ as version
-    return ServeApp(backend, keys, lim, metrics or Metrics(), version)
+    return ServeApp(backend, keys, limits or Limits(), metrics or Metrics(), version)
 

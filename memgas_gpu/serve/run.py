@@ -236,7 +236,7 @@ def serve(opts: ServeOptions, out: Callable[[str], None] = print,
     try:
         server.run(sockets=[sock])
     finally:
-        app.state.service.closing = True
+        app.closing = True
         sock.close()
         asyncio.run(backend.close())
         note("memgas serve: stopped; the memory is closed")
