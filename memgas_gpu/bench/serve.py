@@ -15,8 +15,8 @@ micro-batching on and off, in one run.
   :meth:`~memgas_gpu.serve.Batcher.asearch_request` (as the server does), with the
   batcher's fairness on and off (``Batcher(fair=False)``), and ``small`` alone.
 * **Batch add**: sessions added to a memory opened on a folder (durable, as served) with
-  one ``MemoryIndex.add_sessions`` (one log record; each session encoded apart) against one
-  ``add_session`` call each.
+  one ``MemoryIndex.add_sessions`` (one log record; the new sessions' texts in one encoder
+  call) against one ``add_session`` call each.
 
 The memory is LongMemEval-shaped (:func:`~memgas_gpu.bench.online.haystack_index`);
 every answer is compared with a direct ``search`` of the same question on the same
