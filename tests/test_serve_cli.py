@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,25 +32,39 @@ def bert(tiny_bert):
 
 
 def start(args, cwd, env=None, timeout=120.0):
-    """``memgas serve ARGS`` in a process; ``(process, URL)`` once its line is out."""
+    """``memgas serve ARGS`` in a process; ``(process, URL)`` once its line is out. Its
+    stderr (the access log grows with every request) goes to an unnamed temporary file,
+    never to a pipe nobody reads while the server runs."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    err = tempfile.TemporaryFile("w+")
     p = subprocess.Popen([sys.executable, "-m", "memgas_gpu.cli", "serve", *args], cwd=cwd,
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    p.err_file = err
     ready, _, _ = select.select([p.stdout], [], [], timeout)
     if not ready:
         p.kill()
-        raise AssertionError(f"no URL line within {timeout} s: {p.communicate()[1][-2000:]}")
+        p.wait()
+        raise AssertionError(f"no URL line within {timeout} s: {_stderr(p)[-2000:]}")
     line = p.stdout.readline()
     if not line:
-        raise AssertionError(f"the server ended: {p.communicate()[1][-2000:]}")
+        p.wait()
+        raise AssertionError(f"the server ended: {_stderr(p)[-2000:]}")
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+\n", line), line
     return p, line.strip()
 
 
+def _stderr(p) -> str:
+    p.err_file.seek(0)
+    text = p.err_file.read()
+    p.err_file.close()
+    return text
+
+
 def stop(p, sig=signal.SIGTERM) -> tuple[str, str]:
     p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
+    out, _ = p.communicate(timeout=120)
+    err = _stderr(p)
     assert p.returncode == 0, err[-3000:]
     return out, err
 
