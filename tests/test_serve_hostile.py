@@ -154,6 +154,8 @@ def assert_error(status: int, headers: dict, body: bytes, code: str) -> None:
     err = json.loads(body)["error"]
     assert set(err) == {"code", "message"} and err["code"] == code, err
     assert "\n" not in err["message"] and "Traceback" not in err["message"]
+    if code == "unavailable":  # RFC 9110: when to try again
+        assert headers.get("retry-after") == "1", headers
 
 
 def healthz_seconds(port: int) -> float:

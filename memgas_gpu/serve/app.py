@@ -40,7 +40,8 @@ from pydantic import ValidationError
 
 from .metrics import Metrics
 from .protocol import (ROUTES, ApiError, Conflict, Limits, NotFound, SearchIn, SessionIn,
-                       SessionsIn, check_id, error_of, openapi, validation_error)
+                       SessionsIn, check_id, error_headers, error_of, openapi,
+                       validation_error)
 from .tenants import owns, qualify, unqualify
 
 __all__ = ["create_app", "ServeApp"]
@@ -114,10 +115,7 @@ def _json(status: int, model) -> _Answer:
 
 def _error(e: ApiError) -> _Answer:
     a = _Answer(e.status, json.dumps(e.body(), ensure_ascii=False).encode("utf-8"))
-    if e.code == "unauthorized":
-        a.headers.append((b"www-authenticate", b"Bearer"))
-    if e.code in ("timeout", "too_large", "headers_too_large", "bad_request"):
-        a.headers.append((b"connection", b"close"))  # the rest of the request is unread
+    a.headers.extend(error_headers(e.code))
     return a
 
 

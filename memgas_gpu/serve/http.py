@@ -34,7 +34,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
-from .protocol import ApiError, Limits
+from .protocol import ApiError, Limits, error_headers
 
 __all__ = ["LimitedH11Protocol", "protocol_class", "uvicorn_config", "error_response",
            "LINGER_S"]
@@ -53,10 +53,12 @@ def error_response(code: str, message: str) -> bytes:
     :data:`~.protocol.ERRORS`), its JSON error body, ``Connection: close``."""
     e = ApiError(code, message)
     body = json.dumps(e.body()).encode("utf-8")
-    head = (f"HTTP/1.1 {e.status} {STATUS_PHRASES[e.status].decode()}\r\n"
-            "content-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
-    return head.encode("ascii") + body
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), *error_headers(code)]
+    if (b"connection", b"close") not in headers:
+        headers.append((b"connection", b"close"))
+    head = f"HTTP/1.1 {e.status} {STATUS_PHRASES[e.status].decode()}\r\n".encode("ascii")
+    return head + b"".join(k + b": " + v + b"\r\n" for k, v in headers) + b"\r\n" + body
 
 
 class _Connection(h11.Connection):
@@ -143,7 +145,7 @@ class LimitedH11Protocol(H11Protocol):
             body = json.dumps(e.body()).encode("utf-8")
             await send({"type": "http.response.start", "status": e.status, "headers": [
                 (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+                (b"content-length", str(len(body)).encode()), *error_headers(e.code)]})
             await send({"type": "http.response.body", "body": body})
             return
         await self._inner_app(scope, receive, send)

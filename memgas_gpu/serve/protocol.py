@@ -17,7 +17,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
                       StrictInt, StrictStr, ValidationError, model_validator)
 
 __all__ = [
-    "ApiError", "ERRORS", "CLIENT_EXCEPTIONS", "Limits", "ROUTES", "Route", "route",
+    "ApiError", "ERRORS", "CLIENT_EXCEPTIONS", "RETRY_AFTER_S", "error_headers", "Limits",
+    "ROUTES", "Route", "route",
     "MAX_BODY_BYTES", "MAX_ID_CHARS", "error_of", "validation_error", "Message",
     "SessionIn", "SessionsIn", "SearchIn", "EvidenceOut", "SearchResultOut", "SearchOut",
     "ConversationOut", "ConversationsPage", "SessionInfo", "SessionsPage", "SessionOut",
@@ -375,6 +376,22 @@ ERRORS: dict = {
     "unavailable": (503, None),           # shutting down, or the memory's log failed
 }
 CLIENT_EXCEPTIONS = {code: exc for code, (_, exc) in ERRORS.items() if exc is not None}
+#: seconds a 503 asks the client to wait before it tries again (``Retry-After``)
+RETRY_AFTER_S = 1
+
+
+def error_headers(code: str) -> list:
+    """The headers an error answer of ``code`` carries beside its JSON body: the
+    authentication scheme of a 401, ``Connection: close`` where the rest of the request
+    is left unread, ``Retry-After`` on a 503 (RFC 9110)."""
+    out = []
+    if code == "unauthorized":
+        out.append((b"www-authenticate", b"Bearer"))
+    if code in ("timeout", "too_large", "headers_too_large", "bad_request", "unavailable"):
+        out.append((b"connection", b"close"))
+    if code == "unavailable":
+        out.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+    return out
 
 
 class ApiError(Exception):
