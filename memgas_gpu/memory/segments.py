@@ -96,8 +96,8 @@ class State:
     conversation comes last, a forgotten one leaves no gap in the order).
 
     Attributes:
-        over: conversation id → ``(ordinal, Segment)``, or ``(None, None)`` for one of
-            the base forgotten since.
+        over: conversation id → ``(ordinal, Segment)``, or ``(None, None)`` for one
+            forgotten (so that a commit removes it).
         tables: the store snapshot the segments' slots point into.
         base: the conversations read lazily (None: none).
         n: how many conversations the state holds.
@@ -531,8 +531,5 @@ def with_segment(state: State, conversation_id: str, seg: Segment,
 def without_segment(state: State, conversation_id: str, tables: StoreTables) -> State:
     """``state`` without the conversation (later conversations move up one)."""
     over = dict(state.over)
-    if state.base is not None and state.base.ordinal(conversation_id) is not None:
-        over[conversation_id] = (None, None)
-    else:
-        del over[conversation_id]
+    over[conversation_id] = (None, None)  # a commit removes it from the folder
     return state.with_over(over, tables, state.n - 1, state.next_ordinal)

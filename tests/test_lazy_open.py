@@ -1,0 +1,130 @@
+"""A memory opened on a folder reads its conversations and store chunks when first
+needed (memgas_gpu/memory/lazy.py, chunks.py; storage/directory.py).
+
+The oracle is the memory in RAM the folder was saved from: every view, search and
+write of the lazily opened memory (whatever it keeps resident, nothing included) must
+equal that memory's.
+"""
+from __future__ import annotations
+
+import torch
+
+from memgas_gpu import Session
+from memgas_gpu.memory.index import MemoryIndex
+from memgas_gpu.memory.meta import ConversationMeta
+from memgas_gpu.retrieve.params import GraphParams
+from memgas_gpu.retrieve.search import SearchRequest
+from memgas_gpu.storage import commit
+
+N_CONV, SESSIONS, DIM = 40, 4, 32
+QUERY = ["what did I say about the garden?"]
+
+
+def _memory() -> MemoryIndex:
+    """Conversations whose sessions share store slots across conversations and lie in
+    many chunks once saved (slots out of order within a conversation)."""
+    g = torch.Generator().manual_seed(3)
+    pool = N_CONV * SESSIONS // 2
+    gran = torch.randn(pool, 4, DIM, generator=g)
+    gran = gran / gran.norm(dim=-1, keepdim=True)
+    rows = [torch.randperm(pool, generator=g)[:SESSIONS] for _ in range(N_CONV)]
+    row_slot = torch.cat(rows)
+    n = N_CONV * SESSIONS
+    node = torch.arange(n * 4)
+    has_prev = (node // 4 % SESSIONS) > 0
+    src, dst = node[has_prev], node[has_prev] - 4
+    edges = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
+    edges = edges[:, torch.argsort(edges[0] * (n * 4) + edges[1])]
+    indptr = torch.zeros(n * 4 + 1, dtype=torch.long)
+    indptr[1:] = torch.bincount(edges[0], minlength=n * 4).cumsum(0)
+    metas = [ConversationMeta(f"c{c:03d}", [f"s{j}" for j in range(SESSIONS)],
+                              [f"2024-0{1 + j}-01" for j in range(SESSIONS)])
+             for c in range(N_CONV)]
+    return MemoryIndex(conversations=metas, questions=[],
+                       conv_offsets=torch.arange(0, n + 1, SESSIONS), row_slot=row_slot,
+                       gran=gran, concat=None, q_emb=torch.zeros(0, DIM),
+                       q_conv=torch.zeros(0, dtype=torch.long),
+                       graphs={"gmm": (indptr, edges[1].contiguous())},
+                       params=GraphParams(), config={})
+
+
+def _saved(tmp_path, monkeypatch) -> tuple[MemoryIndex, str]:
+    monkeypatch.setattr(commit, "CHUNK_BYTES", 4096)  # about 7 slots a chunk
+    mem = _memory()
+    folder = str(tmp_path / "mem")
+    mem.save(folder)
+    return mem, folder
+
+
+def _same_search(a: MemoryIndex, b: MemoryIndex, cids, enc) -> None:
+    for cid in cids:
+        ra = a.search(cid, QUERY, k=SESSIONS, method="memgas", encoder=enc, device="cpu")[0]
+        rb = b.search(cid, QUERY, k=SESSIONS, method="memgas", encoder=enc, device="cpu")[0]
+        assert ra.session_ids == rb.session_ids, cid
+        assert torch.allclose(torch.tensor(ra.scores), torch.tensor(rb.scores), atol=1e-5)
+
+
+def _same_view(a: MemoryIndex, b: MemoryIndex, cids) -> None:
+    va, vb = a.view(cids), b.view(cids)
+    assert [m.id for m in va.conversations] == [m.id for m in vb.conversations]
+    assert torch.equal(va.node_embeddings(), vb.node_embeddings())
+    for x, y in zip(va.graph(), vb.graph()):
+        assert torch.equal(x, y)
+    assert torch.equal(va.session_days(), vb.session_days())
+
+
+def test_open_reads_no_conversation_until_one_is_needed(tmp_path, monkeypatch):
+    mem, folder = _saved(tmp_path, monkeypatch)
+    lazy = MemoryIndex.load(folder)
+    d = lazy.state().base.directory
+    assert d.reads["segments"] == 0 and lazy._store.base.reads == 0
+    assert lazy.n_conversations == N_CONV
+    assert lazy.conversation_ids() == [m.id for m in mem.conversations]
+    assert d.reads["segments"] == 0 and lazy._store.base.reads == 0  # listing: none
+    lazy.view(["c007"])
+    assert d.reads["segments"] == 1 and lazy._store.base.reads >= 1
+    assert lazy.residency()["resident_bytes"] > 0
+
+
+def test_a_lazily_opened_memory_reads_as_the_one_saved(tmp_path, monkeypatch, tiny_enc):
+    mem, folder = _saved(tmp_path, monkeypatch)
+    for bound in (0, 6000, None):  # nothing kept, a few things, the default
+        lazy = MemoryIndex.load(folder, max_resident_bytes=bound)
+        cids = [m.id for m in mem.conversations]
+        _same_search(mem, lazy, cids[::3], tiny_enc)
+        _same_view(mem, lazy, cids[5:17])  # a batch view over many chunks
+        _same_view(mem, lazy, cids)
+        got = lazy.search_many([SearchRequest(c, QUERY, SESSIONS, "memgas") for c in cids],
+                               encoder=tiny_enc, device="cpu")
+        want = mem.search_many([SearchRequest(c, QUERY, SESSIONS, "memgas") for c in cids],
+                               encoder=tiny_enc, device="cpu")
+        assert [r[0].session_ids for r in got] == [r[0].session_ids for r in want]
+        res = lazy.residency()
+        if bound is not None:
+            assert res["resident_bytes"] <= bound
+        if bound == 0:
+            assert res["evictions"] == res["segment_loads"]
+
+
+def test_writes_across_evictions_equal_the_same_writes_in_ram(tmp_path, monkeypatch,
+                                                             tiny_enc):
+    mem, folder = _saved(tmp_path, monkeypatch)
+    lazy = MemoryIndex.open(folder, encoder=tiny_enc, max_resident_bytes=0)
+    s = Session("new", "2024-09-01", ("[user]: the tomatoes in the garden are ripe",))
+    s2 = Session("s1", "2024-02-01", ("[user]: a session replaced in its place",))
+    for m in (mem, lazy):
+        m.add_session("c003", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+        m.add_session("c999", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+        m.replace_session("c010", s2, summary="replaced", keywords="place",
+                          encoder=tiny_enc)
+        m.remove_session("c020", "s2")
+        m.forget_conversation("c021")
+    cids = [m.id for m in mem.conversations]
+    assert lazy.conversation_ids() == cids
+    _same_search(mem, lazy, ["c003", "c999", "c010", "c020", "c030"], tiny_enc)
+    lazy.checkpoint()
+    lazy.close()
+    again = MemoryIndex.load(folder, max_resident_bytes=0)
+    assert again.conversation_ids() == cids
+    _same_view(mem, again, cids)
+    _same_search(mem, again, ["c003", "c999", "c010", "c020"], tiny_enc)
