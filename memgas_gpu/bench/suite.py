@@ -158,7 +158,8 @@ def _cpu_brand() -> str:
     return platform.processor()
 
 
-def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] = STAGES,
+def run_suite(scale: str | SuiteScale = "s", device=None,
+              stages: Sequence[str] = STAGES[:-1],
               threads: Optional[int] = None, budget_s: Optional[float] = None,
               reference: bool = True, log: Callable[[str], None] = print) -> SuiteResult:
     """Run the benchmark suite.
