@@ -660,6 +660,11 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
     if root.get("lexical") is None:  # read a chunk at a time, when needed
         from ..memory.chunks import ChunkedStore
 
+        if any(isinstance(c, dict) and isinstance(c.get("terms"), list) and
+               len(c["terms"]) == 2 and c["terms"][0] != c["terms"][1] for c in chunks):
+            raise IndexFormatError(f"{where}: field 'lexical': the header and the store "
+                                   "disagree on lexical documents")
+
         n_slots, n_terms = _follow(chunks, where), 0
         store = ChunkedStore(directory.reader, chunks,
                              {k: root.get(k) for k in ("dim", "tables", "lexical")}, where)
