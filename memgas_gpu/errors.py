@@ -57,6 +57,15 @@ class                       defined in (public home)        raised for
 ``KeyFileError``            ``serve.tenants``               an API keys file (or
                             (``memgas_gpu.serve``)          MEMGAS_API_KEYS) that is not
                                                             a key → tenant map
+``ClientError``             ``serve.client``                base of mg.Client's own
+                            (``memgas_gpu.serve``)          errors (each names the URL)
+``ClientConnectionError``   ``serve.client``                no answer from the server
+                                                            (refused, reset, DNS; its
+                                                            subclass ClientTimeout: no
+                                                            answer in time)
+``ProtocolError``           ``serve.client``                an answer that is not memgas
+                                                            serve's (another server, a
+                                                            proxy's page, a redirect)
 ``ServerError``             ``serve.client``                an answer of memgas serve
                             (``memgas_gpu.serve``)          that is no result (no key, a
                                                             body too large, a failure)

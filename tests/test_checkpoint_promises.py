@@ -785,6 +785,21 @@ def test_a_state_taken_before_a_refresh_reads_as_it_was(tmp_path, enc):
 
 
 # ================================================================ 7. atomic batches
+def test_a_batch_with_one_bad_session_changes_nothing(tmp_path, enc):
+    """Every session of ``add_sessions`` is checked before any is added: a date the
+    memory cannot read in the second session refuses the batch, and neither the memory
+    nor the folder's log holds the first one."""
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "A", 0, enc)
+    lsn = mem.storage_stats()["lsn"]
+    good, bad = POOL[1], Session(POOL[2].id, "the day after never", POOL[2].turns)
+    with pytest.raises(ValueError, match="date"):
+        mem.add_sessions("A", [good, bad], encoder=enc)
+    assert [s["id"] for s in mem.sessions("A")] == [POOL[0].id]
+    assert mem.storage_stats()["lsn"] == lsn
+    mem.close()
+
+
 def test_a_batch_is_one_record_and_a_crash_leaves_all_of_it_or_none(tmp_path, enc, caplog):
     """``add_sessions`` of three sessions is one record of the log (its three
     operations together); a writer killed after it returned reopens with all three, one

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +26,7 @@ from memgas_gpu.storage.folder import IndexLockError
 
 pytest.importorskip("Stemmer")
 
+from _child import Child, acknowledged  # noqa: E402
 from _memory_model import POOL  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -87,33 +86,15 @@ def _kill_run(folder: Path, bert: str, enc, kills: int, seed: int) -> dict:
     apply = _child_apply()
     rng = random.Random(seed)
     oracle = _fresh(enc)
-    acked = in_flight = torn = 0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    acked = in_flight = 0
     for k in range(kills):
-        child = subprocess.Popen(
-            [sys.executable, str(HERE / "_durable_child.py"), str(folder), bert,
-             str(seed * 1000 + k), str(rng.choice([4096, 1 << 16, 1 << 30]))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        lines: list = []
-        reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + 120
-        while "ready\n" not in lines:
-            assert child.poll() is None, child.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the writer did not open the memory"
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 1.5))  # appends, checkpoints, compactions
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        reader.join(5)
-        ops, pending = [], None
-        for line in lines:
-            if line.startswith("intent "):
-                pending = json.loads(line[7:])
-            elif line.startswith("ack "):
-                ops.append(pending)
-                pending = None
+        with Child([HERE / "_durable_child.py", folder, bert, seed * 1000 + k,
+                    rng.choice([4096, 1 << 16, 1 << 30])]) as child:
+            child.wait_ready()
+            time.sleep(rng.uniform(0.0, 1.5))  # appends, checkpoints, compactions
+            done, pending = acknowledged(child.kill())
+        ops = [json.loads(x) for x in done]
+        pending = None if pending is None else json.loads(pending)
         for op in ops:
             apply(oracle, op, enc)
         acked += len(ops)
@@ -125,8 +106,6 @@ def _kill_run(folder: Path, bert: str, enc, kills: int, seed: int) -> dict:
             apply(oracle, pending, enc)  # durable, killed before it printed its ack
             same_memory(got, oracle, enc, f"kill {k}: the write in flight")
             in_flight += 1
-        if any(p.stat().st_size for p in (folder / "wal").glob("*.log")):
-            torn += 0
     return {"acked": acked, "in_flight": in_flight}
 
 

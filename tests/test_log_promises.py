@@ -22,9 +22,6 @@ import errno
 import logging
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -34,6 +31,7 @@ import pytest
 import torch
 
 import _format4 as f4
+from _child import Child
 from _fsrecord import FSRecorder
 from memgas_gpu.storage.log import WALCorruptionError, WriteAheadLog
 
@@ -490,19 +488,9 @@ def test_after_replay_the_lsn_moves_past_the_records_of_a_writer_killed_9(tmp_pa
                                                                           enc):
     """The same, the writer a child process killed with SIGKILL."""
     folder = tmp_path / "m"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), bert, str(HERE)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
-    try:
-        line = child.stdout.readline()
-        assert line == "acked\n", child.stderr.read()[-3000:] if child.poll() is not None \
-            else line
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.communicate()
-    assert child.returncode == -signal.SIGKILL
+    with Child(["-c", CHILD, folder, bert, HERE]) as child:
+        child.wait_for("acked")
+        child.kill()
     model = fresh(enc)
     add(model, "B", 3, "s2", enc)
     run_ops(model, enc, OPS)

@@ -14,6 +14,7 @@ import pytest
 import memgas_gpu as mg
 from memgas_gpu.retrieve import MemoryIndex
 from memgas_gpu.serve import Batcher, Client, KeyFileError, LocalBackend, create_app
+from memgas_gpu.serve.protocol import Limits
 from memgas_gpu.serve.tenants import load_keys, parse_keys
 
 from _memory_model import tiny_encoder
@@ -181,7 +182,7 @@ BAD = [
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": "hi"}, 422,
      "invalid_type", "messages"),
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": [{"role": "u"}]},
-     422, "invalid_type", "content"),
+     422, "invalid_value", "content"),
     ("POST", "/v1/conversations/ana/sessions", {"messages": []}, 422, "invalid_value",
      "'id'"),
     ("POST", "/v1/conversations/ana/sessions", {"id": "x", "messages": [
@@ -193,7 +194,7 @@ BAD = [
     ("GET", "/v1/conversations/ana/sessions/s99", None, 404, "not_found", "'s99'"),
     ("DELETE", "/v1/conversations/ana/sessions/s99", None, 404, "not_found", "'s99'"),
     ("DELETE", "/v1/conversations/nobody", None, 404, "not_found", "'nobody'"),
-    ("GET", "/v2/search", None, 404, "not_found", "/v2/search"),
+    ("GET", "/v2/search", None, 404, "no_route", "/v2/search"),
     ("GET", "/v1/search", None, 405, "method_not_allowed", "POST"),
     ("PUT", "/v1/conversations", None, 405, "method_not_allowed", "GET"),
     ("GET", "/v1/conversations/%FF/sessions", None, 400, "bad_request", "UTF-8"),
@@ -210,7 +211,7 @@ def test_bad_requests_get_one_error_naming_the_field(server, method, path, body,
 
 
 def test_bodies_over_the_bound_are_refused(tmp_path, encoder):
-    mem, backend, app = _served(tmp_path / "m", encoder, max_body_bytes=4096)
+    mem, backend, app = _served(tmp_path / "m", encoder, limits=Limits(max_body_bytes=4096))
     big = {"conversation_id": "a", "questions": ["word " * 2000]}
     with running(app) as url:
         _err(httpx.post(f"{url}/v1/search", json=big), 413, "too_large", "4096")

@@ -522,13 +522,22 @@ class World:
     def check_reads(self, api, cid, form) -> None:
         t = api.tenant
         own = self.model[t].get(cid)
+        status, body = api("GET", "conversations", cid, form=form)
+        if own is None:
+            assert status == 404 and body["error"]["code"] == "not_found", (t, cid, body)
+        else:
+            dates = [s.date for s in own if s.date]
+            assert status == 200 and body == {
+                "id": cid, "sessions": len(own), "first_date": dates[0] if dates else None,
+                "last_date": dates[-1] if dates else None}, (t, cid, body)
         status, body = api("GET", "conversations", cid, "sessions", form=form)
         if own is None:
             assert status == 404 and body["error"]["code"] == "not_found", (t, cid, body)
         else:
             assert status == 200, body
             assert body == {"conversation_id": cid, "sessions": [
-                {"id": s.id, "date": s.date, "metadata": {}} for s in own]}
+                {"id": s.id, "date": s.date, "metadata": {}} for s in own],
+                "next_cursor": None}
         for sid in SIDS:
             s = next((x for x in own or [] if x.id == sid), None)
             status, body = api("GET", "conversations", cid, "sessions", sid, form=form)
@@ -542,9 +551,15 @@ class World:
     def check_listing(self, api) -> None:
         status, body = api("GET", "conversations")
         assert status == 200
-        got = {c["id"]: (c["session_ids"], c["session_dates"]) for c in body["conversations"]}
-        assert got == {c: ([s.id for s in ss], [s.date for s in ss])
-                       for c, ss in self.model[api.tenant].items()}, (api.tenant, got)
+        assert body["next_cursor"] is None
+        got = {c["id"]: (c["sessions"], c["first_date"], c["last_date"])
+               for c in body["conversations"]}
+
+        def summary(ss):
+            dates = [s.date for s in ss if s.date]
+            return (len(ss), dates[0] if dates else None, dates[-1] if dates else None)
+        assert got == {c: summary(ss) for c, ss in self.model[api.tenant].items()}, \
+            (api.tenant, got)
 
     def check_everything(self, round_: int = 0) -> None:
         """Every key: its listing, every id of IDS read in a rotating form, one search
@@ -581,6 +596,20 @@ class World:
         else:
             assert status == 200 and out == {"conversation_id": cid, "removed": sid}
             self.model[t][cid] = [s for s in own if s.id != sid]
+
+    def replace(self, api, cid, sid, form) -> None:
+        """PUT of a new version of session ``sid``: in its place, or 404."""
+        t = api.tenant
+        own = self.model[t].get(cid)
+        new = self.session(t, cid, sid)
+        status, out = api("PUT", "conversations", cid, "sessions", sid, body=_body(new),
+                          form=form)
+        if own is None or sid not in {s.id for s in own}:
+            assert status == 404 and out["error"]["code"] == "not_found", (t, cid, sid, out)
+        else:
+            assert status == 200 and out == {"conversation_id": cid, "replaced": {
+                "id": sid, "date": new.date, "turns": len(new.turns)}}, (t, cid, out)
+            self.model[t][cid] = [new if s.id == sid else s for s in own]
 
     def forget(self, api, cid, form) -> None:
         t = api.tenant
@@ -631,7 +660,13 @@ def test_foreign_ids_reach_nothing_on_any_route(world):
         foreign = [c for c in IDS + qualified if c not in world.model[api.tenant]]
         for j, cid in enumerate(foreign):
             form = FORMS[j % len(FORMS)]
-            for method, segs in (("GET", ("conversations", cid, "sessions")),
+            put = _body(world.session(api.tenant, cid, "s0"))
+            status, body = api("PUT", "conversations", cid, "sessions", "s0", body=put,
+                               form=form)
+            assert status == 404 and body["error"]["code"] == "not_found", \
+                (api.tenant, "PUT", cid, body)
+            for method, segs in (("GET", ("conversations", cid)),
+                                 ("GET", ("conversations", cid, "sessions")),
                                  ("GET", ("conversations", cid, "sessions", "s0")),
                                  ("DELETE", ("conversations", cid, "sessions", "s0")),
                                  ("DELETE", ("conversations", cid))):
@@ -707,8 +742,8 @@ def test_a_list_search_over_an_emptied_conversation(world):
 def test_a_random_walk_over_every_route_keeps_tenants_apart(world):
     rng = random.Random(20240501)
     ops = ["add", "add_several", "remove", "forget", "read", "search", "search_list",
-           "list"]
-    weights = [4, 3, 3, 1, 2, 2, 2, 1]
+           "list", "replace"]
+    weights = [4, 3, 3, 1, 2, 2, 2, 1, 2]
     for step in range(150):
         api = rng.choice(world.apis)
         cid, form = rng.choice(IDS), rng.choice(FORMS)
@@ -721,6 +756,8 @@ def test_a_random_walk_over_every_route_keeps_tenants_apart(world):
             world.remove(api, cid, rng.choice(SIDS), form)
         elif op == "forget":
             world.forget(api, cid, form)
+        elif op == "replace":
+            world.replace(api, cid, rng.choice(SIDS), form)
         elif op == "read":
             world.check_reads(api, cid, form)
         elif op == "search":

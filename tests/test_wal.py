@@ -10,16 +10,14 @@ import os
 import random
 import re
 import shutil
-import signal
 import struct
-import subprocess
-import sys
 import threading
 import time
 import zlib
 from pathlib import Path
 
 import pytest
+from _child import Child
 from _wal_child import parse, payload
 
 from memgas_gpu.storage import log as wal_module
@@ -588,12 +586,8 @@ def test_a_killed_rotation_leaves_a_temporary_file_that_open_removes(tmp_path):
 
 
 # ---------------------------------------------------------------- writers killed at random
-def _child(folder: Path, seed: int, chunked: bool):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    return subprocess.Popen([sys.executable, str(HERE / "_wal_child.py"), str(folder),
-                             str(seed), "4", "16384"] + ["chunked"] * chunked,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+def _child(folder: Path, seed: int, chunked: bool) -> Child:
+    return Child([HERE / "_wal_child.py", folder, seed, 4, 16384] + ["chunked"] * chunked)
 
 
 def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
@@ -603,17 +597,14 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
     truncated = 0  # the largest truncate_through a child asked for
     acked_total = dropped_tails = 0
     for life in range(kills):
-        child = _child(folder, life, chunked=life % 2 == 1)
-        if rng.random() < 0.2:  # at any moment, opening (and recovery) included
-            time.sleep(rng.uniform(0, 0.3))
-        else:
-            assert child.stdout.readline() == b"ready\n", child.stderr.read()[-2000:]
-            time.sleep(rng.uniform(0, 0.08))
-        child.send_signal(signal.SIGKILL)
-        out = child.stdout.read()
-        err = child.stderr.read()
-        assert child.wait() == -signal.SIGKILL, err[-2000:]
-        for line in out.decode().splitlines():
+        with _child(folder, life, chunked=life % 2 == 1) as child:
+            if rng.random() < 0.2:  # at any moment, opening (and recovery) included
+                time.sleep(rng.uniform(0, 0.3))
+            else:
+                child.wait_ready()
+                time.sleep(rng.uniform(0, 0.08))
+            lines = child.kill()
+        for line in lines:
             word, *rest = line.split()
             if word == "A":
                 lsn, name = int(rest[0]), tuple(map(int, rest[1:]))

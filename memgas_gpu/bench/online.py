@@ -25,10 +25,11 @@ from ..granularity import N_GRAN
 from ..retrieve.presets import DEFAULT_METHOD
 from .timing import Record, percentile
 
-__all__ = ["online_index", "haystack_index", "online_point", "haystack_point", "slope"]
+__all__ = ["online_index", "haystack_index", "online_point", "haystack_point", "slope",
+           "synthetic_conversation"]
 
 
-def _template(n_sessions: int, seed: int, turns: int = 6, words: int = 30):
+def synthetic_conversation(n_sessions: int, seed: int, turns: int = 6, words: int = 30):
     """One synthetic conversation of ``n_sessions`` sessions (LongMemEval-shaped text)."""
     from ..data import load_dataset
     from ..synth import write_synthetic
@@ -59,7 +60,7 @@ def online_index(n_conversations: int, n_sessions: int, enc, seed: int = 0):
     from ..retrieve.params import GraphParams
     from ..memory.texts import TextTable
 
-    ds = _template(n_sessions, seed)
+    ds = synthetic_conversation(n_sessions, seed)
     conv = ds[0]
     sessions = conv.sessions
     exp = expand_dataset(ds)
@@ -115,7 +116,7 @@ def haystack_index(n_haystacks: int, n_sessions: int, pool: int, enc, seed: int 
     from ..memory.texts import TextTable
     from .data import index_from_nodes
 
-    ds = _template(pool, seed, turns=4, words=20)
+    ds = synthetic_conversation(pool, seed, turns=4, words=20)
     sessions = ds[0].sessions
     exp = expand_dataset(ds)
     lex = build_lexical(ds, exp, sessions, [])

@@ -10,6 +10,14 @@ micro-batching on and off, in one run.
   threads, or one httpx pool of 64 connections, cost this process more than the server
   takes to answer), single-question requests over random conversations.
 
+* **Fair sharing** (in process, one event loop): tenant ``small`` asks one question at a
+  time while tenant ``flood`` keeps large requests queued, through
+  :meth:`~memgas_gpu.serve.Batcher.asearch_request` (as the server does), with the
+  batcher's fairness on and off (``Batcher(fair=False)``), and ``small`` alone.
+* **Batch add**: sessions added to a memory opened on a folder (durable, as served) with
+  one ``MemoryIndex.add_sessions`` (one log record; each session encoded apart) against one
+  ``add_session`` call each.
+
 The memory is LongMemEval-shaped (:func:`~memgas_gpu.bench.online.haystack_index`);
 every answer is compared with a direct ``search`` of the same question on the same
 memory (session ids equal, scores within 1e-5): a mismatch is counted and reported.
@@ -20,12 +28,14 @@ import asyncio
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -132,15 +142,22 @@ def _start_server(folder: str, encoder: str, max_batch_size: int, threads: int,
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    # stderr to an unnamed file: a pipe nobody reads fills up and stalls the server
+    err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
     p = subprocess.Popen([sys.executable, "-m", "memgas_gpu.cli", "serve", folder, "--port",
                           "0", "--encoder", encoder, "--device", device, "--max-batch-size",
-                          str(max_batch_size), "--max-wait-ms", "5", "-q"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          str(max_batch_size), "--max-wait-ms", "5", "--no-access-log", "-q"],
+                         env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    p.err_file = err
     ready, _, _ = select.select([p.stdout], [], [], timeout)
     line = p.stdout.readline().strip() if ready else ""
     if not line.startswith("http://"):
         p.kill()
-        raise RuntimeError(f"memgas serve did not start: {p.communicate()[1][-2000:]}")
+        p.communicate()
+        err.seek(0)
+        msg = err.read()[-2000:]
+        err.close()
+        raise RuntimeError(f"memgas serve did not start: {msg}")
     return p, line
 
 
@@ -151,19 +168,30 @@ def _stop_server(p) -> None:
     except subprocess.TimeoutExpired:
         p.kill()
         p.communicate()
+    finally:
+        p.err_file.close()
 
 
 def serve_point(n_haystacks: int = 100, n_sessions: int = 50, pool: int = 1000,
                 clients: Sequence[int] = (1, 8, 64), requests: int = 256,
                 inprocess_threads: int = 64, distinct: int = 512, tmp: str = ".",
                 device: str = "cpu", seed: int = 0, encoder: str = "tiny",
-                log: Callable[[str], None] = print) -> list[Record]:
+                flood: tuple = (2, 256), fair_clients: int = 2,
+                fair_requests: Optional[int] = None, add_sessions: int = 32,
+                add_rounds: int = 3, log: Callable[[str], None] = print) -> list[Record]:
     """The serving records (see the module docstring): ``"in-process batched"`` /
     ``"in-process direct"`` with ``inprocess_threads`` threads, and ``"http batched"`` /
     ``"http direct"`` at each of ``clients``; ``requests`` questions per point, drawn from
     ``distinct`` (conversation, question) pairs whose direct answers are the oracle.
     ``encoder``: ``"tiny"`` (a random 2-layer BERT: the read path dominates) or
-    ``"minilm"`` (the bundled all-MiniLM-L6-v2: what a user's server encodes with)."""
+    ``"minilm"`` (the bundled all-MiniLM-L6-v2: what a user's server encodes with).
+
+    Fair sharing (:func:`fair_point`): ``"fairness alone"``, ``"fairness on"``,
+    ``"fairness off"``: ``fair_clients`` clients of tenant ``small`` ask
+    ``fair_requests`` one-question searches in all (default ``min(requests, 64)``)
+    while ``flood[0]`` clients of tenant ``flood`` each keep a request of ``flood[1]``
+    questions queued.  Batch add (:func:`add_point`): ``"add batched"`` / ``"add
+    single"``, ``add_sessions`` sessions a round, ``add_rounds`` rounds."""
     import httpx
 
     from ..encode import Encoder, bundled_model_path
@@ -208,15 +236,21 @@ def serve_point(n_haystacks: int = 100, n_sessions: int = 50, pool: int = 1000,
             f"p99 {recs[-1].extra['p99_ms']:8.2f} ms  mismatches {bad}")
     batcher.close()
 
+    # ---------------------------------------------------------------- fair sharing
+    recs += fair_point(idx, pairs, oracle, size, flood, fair_clients,
+                       min(requests, 64) if fair_requests is None else fair_requests,
+                       seed + 5, log)
+    recs += add_point(enc, add_sessions, add_rounds, dict(size), tmp, seed + 6, log)
+
     # ---------------------------------------------------------------- over HTTP
     for impl, mbs in (("http batched", 64), ("http direct", 1)):
         proc, url = _start_server(folder, path, mbs, threads, device)
         try:
             for c in clients:
                 asyncio.run(_http_loop(url, pairs, c, min(requests, 4 * c), seed + 3))
-                m0 = _batch_counts(httpx.get(url + "/metrics").text)
+                m0 = _batch_counts(httpx.get(url + "/metrics", timeout=120).text)
                 wall, lat, answers = asyncio.run(_http_loop(url, pairs, c, requests, seed + 4))
-                m1 = _batch_counts(httpx.get(url + "/metrics").text)
+                m1 = _batch_counts(httpx.get(url + "/metrics", timeout=120).text)
                 bad = sum(not same_answer(a, oracle[j]) for j, a in answers)
                 nb = m1[0] - m0[0]
                 mean = (m1[1] - m0[1]) / nb if nb else float("nan")
@@ -228,6 +262,135 @@ def serve_point(n_haystacks: int = 100, n_sessions: int = 50, pool: int = 1000,
                     f"mismatches {bad}")
         finally:
             _stop_server(proc)
+    return recs
+
+
+def fair_point(idx, pairs: Sequence, oracle: Sequence, size: dict, flood: tuple = (2, 256),
+               clients: int = 2, requests: int = 64, seed: int = 0,
+               log: Callable[[str], None] = print, max_batch_size: int = 64,
+               max_wait_ms: float = 5.0) -> list[Record]:
+    """Tenant ``small`` (``clients`` closed-loop clients, ``requests`` one-question
+    searches in all) alone, then while tenant ``flood`` (``flood[0]`` clients, each
+    asking requests of ``flood[1]`` questions back to back) floods the same
+    :class:`~memgas_gpu.serve.Batcher`, with fairness on and off: records
+    ``"fairness alone"`` / ``"fairness on"`` / ``"fairness off"`` (the small tenant's
+    p50 / p99 latency, its answers checked against ``oracle``, and the flood's
+    questions per second, and how many batches each small request waited for: the one
+    in flight when it came and its own make 2, the bound of fair sharing)."""
+    from ..serve import Batcher
+
+    recs = []
+    for how in ("alone", "on", "off"):
+        batcher = Batcher(idx, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+                          fair=how != "off")
+        try:
+            wall, lat, answers, flooded, waits = asyncio.run(_fair_loop(
+                batcher, pairs, flood if how != "alone" else (0, 0), clients, requests, seed))
+        finally:
+            batcher.close()
+        bad = sum(not same_answer(a, oracle[j]) for j, a in answers)
+        r = _record(f"fairness {how}", dict(size, clients=clients, flood_clients=flood[0],
+                                            flood_questions=flood[1]), wall, lat, bad,
+                    {"flood_qps": flooded / wall if wall > 0 else 0.0,
+                     "max_batch_size": max_batch_size,
+                     "batches_waited_mean": sum(waits) / len(waits) if waits else 0.0,
+                     "batches_waited_max": max(waits, default=0)})
+        r.note = ("one-question searches of one tenant while another floods the batcher; "
+                  "times: the small tenant's loop")
+        recs.append(r)
+        log(f"  serve fairness {how:5s} small p50 {r.extra['p50_ms']:8.2f} ms  p99 "
+            f"{r.extra['p99_ms']:8.2f} ms  batches waited {r.extra['batches_waited_mean']:5.1f}"
+            f" (max {r.extra['batches_waited_max']})  flood {r.extra['flood_qps']:8.1f} q/s"
+            f"  mismatches {bad}")
+    return recs
+
+
+async def _fair_loop(batcher, pairs: Sequence, flood: tuple, clients: int, requests: int,
+                     seed: int):
+    """``(wall seconds, small latencies, [(pair index, answer)], flood questions
+    answered)`` of one fairness run (see :func:`fair_point`)."""
+    rng = random.Random(seed)
+    jobs = _jobs(len(pairs), requests, seed)
+    lat, answers, flooded, waits = [], [], [0], []
+    stop = asyncio.Event()
+
+    async def flooder() -> None:
+        while not stop.is_set():
+            ask = [pairs[rng.randrange(len(pairs))] for _ in range(flood[1])]
+            req = batcher.request([c for c, _ in ask], [q for _, q in ask], k=10)
+            await batcher.asearch_request(req, tenant="flood")
+            flooded[0] += len(ask)
+
+    async def small(t: int) -> None:
+        for j in jobs[t::clients]:
+            c, q = pairs[j]
+            req = batcher.request(c, [q], k=10)
+            t0 = time.perf_counter()
+            call = asyncio.ensure_future(batcher.asearch_request(req, tenant="small"))
+            await asyncio.sleep(0)  # the call is checked and queued
+            n0 = batcher.stats()["batches"]
+            got = await call
+            lat.append(time.perf_counter() - t0)
+            waits.append(batcher.stats()["batches"] - n0)  # the one in flight, and its own
+            answers.append((j, got[0]))
+
+    floods = [asyncio.ensure_future(flooder()) for _ in range(flood[0])]
+    while floods and batcher.stats()["batches"] < 2:  # the flood is under way
+        await asyncio.sleep(0.005)
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*[small(t) for t in range(clients)])
+        wall = time.perf_counter() - t0
+    finally:
+        stop.set()
+        for f in floods:  # their queued pieces are dropped
+            f.cancel()
+        await asyncio.gather(*floods, return_exceptions=True)
+    return wall, lat, answers, flooded[0], waits
+
+
+def add_point(enc, n: int = 32, rounds: int = 3, size: Optional[dict] = None,
+              tmp: str = ".", seed: int = 0,
+              log: Callable[[str], None] = print) -> list[Record]:
+    """``n`` LongMemEval-shaped sessions added to a memory opened on a folder (durable,
+    as ``memgas serve`` holds it) with one ``add_sessions`` call (``"add batched"``)
+    and with ``n`` ``add_session`` calls (``"add single"``), each round into new
+    conversations, the order alternating; times per round, work: sessions.  Every add
+    has sessions of its own (a session the memory holds already is shared, not
+    encoded again)."""
+    from ..retrieve import MemoryIndex
+    from .online import synthetic_conversation
+
+    pool = synthetic_conversation(2 * n * (rounds + 1), seed, turns=4, words=20)[0].sessions
+    folder = os.path.join(tmp, "serve_add")
+    size = dict(size or {}, sessions_per_add=n)
+    times = {"add batched": [], "add single": []}
+    mem = MemoryIndex.open(folder, encoder=enc)
+    try:
+        for r in range(-1, rounds):  # round -1: the warm-up (kernels, the log's files)
+            for k, how in enumerate(("add batched", "add single") if r % 2 == 0 else
+                                    ("add single", "add batched")):
+                at = 2 * n * (r + 1) + k * n
+                sessions = pool[at:at + n]
+                t0 = time.perf_counter()
+                if how == "add batched":
+                    mem.add_sessions(f"batched{r}", sessions)
+                else:
+                    for one in sessions:
+                        mem.add_session(f"single{r}", one)
+                if r >= 0:
+                    times[how].append(time.perf_counter() - t0)
+    finally:
+        mem.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    recs = []
+    for how, ts in times.items():
+        per = sorted(ts)[len(ts) // 2] / n
+        recs.append(Record("serve", how, size, ts, float(n), "sessions", "",
+                           "sessions added to a memory opened on a folder; times: one "
+                           "round of n sessions", None, None,
+                           {"per_session_ms": 1e3 * per, "rounds": rounds}))
+        log(f"  serve {how:20s} {n:3d} sessions  {1e3 * per:8.2f} ms per session")
     return recs
 
 
@@ -277,9 +440,10 @@ def _batch_counts(text: str) -> tuple[float, float]:
 def serve_rows(records) -> list[str]:
     """Markdown rows of the serve stage: QPS, p50 / p99 and mean batch size per
     concurrency, batching on and off, their ratio, and the goals."""
-    recs = [r for r in records if r.stage == "serve"]
+    recs = [r for r in records if r.stage == "serve"
+            and r.impl.startswith(("in-process ", "http "))]
     if not recs:
-        return []
+        return _fair_rows(records) + _add_rows(records)
     by = {(r.impl, r.size["clients"]): r for r in recs}
     sz = recs[0].size
     L = [f"LongMemEval shape ({sz['haystacks']} haystacks x {sz['sessions']} sessions from "
@@ -310,4 +474,47 @@ def serve_rows(records) -> list[str]:
                  f"(goal >= {goal:g}x{', p99 no worse' if where == 'http' else ''}): "
                  f"{verdict}; p99 {on.extra['p99_ms']:.3g} ms batched vs "
                  f"{off.extra['p99_ms']:.3g} ms direct.")
+    return L + _fair_rows(records) + _add_rows(records)
+
+
+def _fair_rows(records) -> list[str]:
+    by = {r.impl: r for r in records if r.stage == "serve" and r.impl.startswith("fairness ")}
+    if not by:
+        return []
+    sz = next(iter(by.values())).size
+    L = ["", f"Fair sharing (in process, one Batcher, max batch "
+             f"{next(iter(by.values())).extra['max_batch_size']}): tenant small asks one "
+             f"question per request ({sz['clients']} clients) while tenant flood keeps "
+             f"{sz['flood_clients']} requests of {sz['flood_questions']} questions queued:",
+         "", "| fairness | small p50 | small p99 | batches waited (mean, max) | small requests "
+             "| flood q/s | answers equal |",
+         "| --- | --- | --- | --- | --- | --- | --- |"]
+    for how in ("alone", "on", "off"):
+        r = by.get(f"fairness {how}")
+        if r is None:
+            continue
+        e = r.extra
+        L.append(f"| {'no flood' if how == 'alone' else how} | {e['p50_ms']:.3g} ms | "
+                 f"{e['p99_ms']:.3g} ms | {e['batches_waited_mean']:.1f}, "
+                 f"{e['batches_waited_max']} | {e['requests']} | "
+                 f"{e['flood_qps']:.1f} | "
+                 f"{'yes' if e['mismatches'] == 0 else 'NO: %d differ' % e['mismatches']} |")
+    on, off = by.get("fairness on"), by.get("fairness off")
+    if on is not None and off is not None and on.extra["p99_ms"] > 0:
+        L += ["", f"- the small tenant's p99 with fairness: {on.extra['p99_ms']:.3g} ms "
+                  f"against {off.extra['p99_ms']:.3g} ms without "
+                  f"({off.extra['p99_ms'] / on.extra['p99_ms']:.1f}x lower)."]
     return L
+
+
+def _add_rows(records) -> list[str]:
+    by = {r.impl: r for r in records if r.stage == "serve" and r.impl.startswith("add ")}
+    one, each = by.get("add batched"), by.get("add single")
+    if one is None or each is None:
+        return []
+    n = one.size["sessions_per_add"]
+    x = each.extra["per_session_ms"] / one.extra["per_session_ms"]
+    return ["", f"Adding {n} sessions to a memory opened on a folder (median of "
+                f"{one.extra['rounds']} rounds): one add_sessions "
+                f"{one.extra['per_session_ms']:.3g} ms per session, {n} add_session calls "
+                f"{each.extra['per_session_ms']:.3g} ms per session ({x:.1f}x)."]

@@ -8,6 +8,34 @@ import click
 from ._common import (FiniteFloat, PathArg, check_encoder, check_out_dir, check_runtime, info,
                       quiet_option)
 
+_SECONDS = FiniteFloat(0, min_open=True)
+
+
+class CompactAfter(click.ParamType):
+    """``--compact-after``: seconds from 0 (0: at once), or ``never`` (only on ``POST
+    /v1/compact``): a float, or None for never."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "never":
+            return None
+        why = FiniteFloat(0).check(value)
+        if why is not None:
+            self.fail(f"{why} (give seconds from 0, or 'never')", param, ctx)
+        return float(value)
+
+    def get_metavar(self, param, ctx=None) -> str:  # click 8.1 and 8.2 signatures
+        return "SECONDS|never"
+
+
+def _limit(flag: str, kind, default, what: str):
+    """An option of :class:`~memgas_gpu.serve.protocol.Limits` (None: its default, so
+    that ``memgas --help`` does not import the protocol's models)."""
+    return click.option(flag, type=kind, default=None, help=f"{what} [default: {default}]")
+
 
 @click.command("serve")
 @click.argument("folder", type=PathArg(file_okay=False))
@@ -38,25 +66,51 @@ from ._common import (FiniteFloat, PathArg, check_encoder, check_out_dir, check_
               help="With --ray: shards (one replica each). A folder keeps its count.")
 @click.option("--ray-address", default=None,
               help="With --ray: a running cluster's address (default: a local one).")
+@_limit("--max-questions", click.IntRange(1), 256, "Questions of one search at most (more: 422).")
+@_limit("--max-sessions", click.IntRange(1), 256, "Sessions of one add at most (more: 422).")
+@_limit("--max-body-bytes", click.IntRange(1), "8388608 (8 MiB)",
+        "Bytes of a request body at most (more: 413).")
+@_limit("--header-timeout", _SECONDS, 10.0,
+        "Seconds for a request's line and headers, from the connection's start or the end "
+        "of its previous response (later: 408, and the connection closed).")
+@_limit("--body-timeout", _SECONDS, 30.0,
+        "Seconds for a request's body once its headers are in (later: 408).")
+@_limit("--keep-alive", _SECONDS, 5.0, "Seconds an idle connection is kept open.")
+@_limit("--max-connections", click.IntRange(1), 1000,
+        "Connections open at once (one more is answered 503 and closed).")
+@click.option("--compact-after", type=CompactAfter(), default=60.0, show_default=True,
+              help="Seconds after a removal before the memory is compacted, so that no "
+                   "file of FOLDER keeps the removed sessions (0: at once; never: only on "
+                   "POST /v1/compact).")
+@click.option("--no-access-log", "no_access_log", is_flag=True,
+              help="No line per request on stderr.")
 @quiet_option
 def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, device,
-          allow_remote_without_keys, use_ray, replicas, ray_address) -> None:
+          allow_remote_without_keys, use_ray, replicas, ray_address, max_questions,
+          max_sessions, max_body_bytes, header_timeout, body_timeout, keep_alive,
+          max_connections, compact_after, no_access_log) -> None:
     """Serve the memory in FOLDER (created when missing) over HTTP until Ctrl-C or
-    SIGTERM; print its URL on one line when ready (status lines go to stderr). Every write is durable before it is
-    answered; the memory is closed (checkpointed) on the way out."""
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise click.UsageError(f"memgas serve needs Starlette and uvicorn ({e.name} is "
-                               "missing): pip install \"memgas_gpu[serve]\"") from None
-    from ..serve.run import ServeOptions, is_local
+    SIGTERM; print its URL on one line when ready (status lines go to stderr). Every
+    write is durable before it is answered; the memory is closed (checkpointed) on the
+    way out. A folder another process holds is refused at once (exit status 2)."""
+    from ..serve.run import ServeOptions, is_local, probe_lock
     from ..serve.run import serve as run
-    from ..serve.tenants import ENV_KEYS, load_keys
 
     # every check before the first status line: a refusal is one line on stderr
     if not use_ray and (replicas != 2 or ray_address):
         raise click.UsageError("--replicas and --ray-address go with --ray")
+    if not use_ray:
+        probe_lock(folder)  # a folder another process holds: refused before any import
+    try:
+        import pydantic  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise click.UsageError(f"memgas serve needs uvicorn and pydantic ({e.name} is "
+                               "missing): pip "
+                               "install \"memgas_gpu[serve]\"") from None
+    from ..serve.protocol import Limits
+    from ..serve.tenants import ENV_KEYS, load_keys
+
     device = check_runtime(device)
     # a memory, or a new one (with --ray: a folder of shard-i memories, checked by them)
     check_out_dir(folder, "FOLDER", index=not use_ray, parents=True)
@@ -84,5 +138,12 @@ def serve(folder, host, port, keys_file, max_batch_size, max_wait_ms, encoder, d
         click.echo(url)
         sys.stdout.flush()
 
+    given = {"max_questions": max_questions, "max_sessions": max_sessions,
+             "max_body_bytes": max_body_bytes, "header_timeout_s": header_timeout,
+             "body_timeout_s": body_timeout, "keep_alive_s": keep_alive,
+             "max_connections": max_connections}
+    limits = Limits(**{k: v for k, v in given.items() if v is not None})
     run(ServeOptions(folder, host, port, keys, max_batch_size, max_wait_ms, encoder, device,
-                     use_ray, replicas, ray_address), out=announce, note=info)
+                     use_ray, replicas, ray_address, limits=limits,
+                     compact_after_s=compact_after, access_log=not no_access_log),
+        out=announce, note=info)

@@ -14,10 +14,9 @@ the NULL result on), so such a file killed the process with a segmentation fault
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-
-import numpy as np
 
 from .._io import MAX_NUMBER_DIGITS
 from ..errors import DataFormatError
@@ -30,10 +29,18 @@ MAX_DEPTH = 64
 BOM = b"\xef\xbb\xbf"
 _CHUNK = 1 << 20
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_OPEN = np.zeros(256, np.int8)
-_OPEN[[ord("["), ord("{")]] = 1
-_OPEN[[ord("]"), ord("}")]] = -1
 _LONG_NUMBER = re.compile(rb"[0-9]{%d,}" % (MAX_NUMBER_DIGITS + 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _steps():
+    """The bracket depth step of each byte: +1 opens, -1 closes."""
+    import numpy as np
+
+    out = np.zeros(256, np.int8)
+    out[[ord("["), ord("{")]] = 1
+    out[[ord("]"), ord("}")]] = -1
+    return out
 
 
 def check_json_file(path: Path, max_depth: int = MAX_DEPTH) -> None:
@@ -43,6 +50,9 @@ def check_json_file(path: Path, max_depth: int = MAX_DEPTH) -> None:
     Only the structure is checked here (brackets and digits outside strings); syntax
     errors are left to the parser, which reports them with a position.
     """
+    import numpy as np  # here: importing the data model needs no numpy (mg.Client)
+
+    steps_of = _steps()
     depth = 0
     carry = b""  # an unterminated string at the end of the previous chunk: '"' or '"\\'
     digits = b""  # the digits that ended the previous chunk (a number cut in two)
@@ -75,7 +85,7 @@ def check_json_file(path: Path, max_depth: int = MAX_DEPTH) -> None:
             if not stripped:
                 offset += len(chunk)
                 continue
-            steps = _OPEN[np.frombuffer(stripped, np.uint8)]
+            steps = steps_of[np.frombuffer(stripped, np.uint8)]
             if not steps.any():
                 offset += len(chunk)
                 continue

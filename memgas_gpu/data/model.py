@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 __all__ = ["Session", "Question", "Conversation", "Dataset", "pair_messages", "first_lengths",
+           "per_session",
            "render_message"]
 
 
@@ -42,6 +43,19 @@ def first_lengths(messages: Sequence[str]) -> tuple[int, ...]:
 
 #: a rendered message: ``[role]: content`` (role without ``]`` or a newline)
 _RENDERED = re.compile(r"\[[^\]\n]+\]: ", re.S)
+
+
+def per_session(n: int, **values) -> dict:
+    """The per-session arguments of a batch of ``n`` sessions (``summaries=``,
+    ``keywords=``, ``metadata=`` of ``add_sessions``), each a list of ``n`` (None: ``n``
+    Nones), or a ValueError naming the one of another length."""
+    out = {}
+    for name, got in values.items():
+        got = [None] * n if got is None else list(got)
+        if len(got) != n:
+            raise ValueError(f"{name}: {len(got)} values for {n} sessions")
+        out[name] = got
+    return out
 
 
 def render_message(message: Union[Mapping, str], where: str = "message") -> str:

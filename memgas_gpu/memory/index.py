@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .._checks import float_dtype, require_encoder, resolve_device
-from ..data.model import Dataset, Question, Session
+from ..data.model import Dataset, Question, Session, per_session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
@@ -764,8 +764,8 @@ class MemoryIndex:
                      keywords: Optional[Sequence] = None,
                      metadata: Optional[Sequence] = None, encoder: Any = None) -> None:
         """Append several sessions to a conversation as one write: all of them or none
-        (every one is checked, the new ones encoded together, then all are linked in
-        order and published at once; on a memory opened on a folder they are one log
+        (every one is checked, the new ones encoded, each session apart, then all are
+        linked in order and published at once; on a memory opened on a folder they are one log
         record, so a crash leaves all of them or none).  Equals ``add_session`` of each
         in order.
 
@@ -779,14 +779,8 @@ class MemoryIndex:
                 session id the conversation holds (nothing changed).
         """
         sessions = list(sessions) if not isinstance(sessions, Session) else [sessions]
-        n = len(sessions)
-        per = {}
-        for name, values in (("summaries", summaries), ("keywords", keywords),
-                             ("metadata", metadata)):
-            values = [None] * n if values is None else list(values)
-            if len(values) != n:
-                raise ValueError(f"{name}: {len(values)} values for {n} sessions")
-            per[name] = values
+        per = per_session(len(sessions), summaries=summaries, keywords=keywords,
+                          metadata=metadata)
         seen = set()
         for s, u, k in zip(sessions, per["summaries"], per["keywords"]):
             check_session(conversation_id, s, u, k)

@@ -224,6 +224,9 @@ class SearchRequest:
         refusal naming the bad argument."""
         convs, queries = check_search(self.conversation_id, self.queries, self.k,
                                       self.evidence, self.question_date)
+        if self.method is not None and not (isinstance(self.method, str) and self.method):
+            raise ValueError(f"method must be a method's name or None (the default), got "
+                             f"{self.method!r:.40}")
         if not isinstance(self.settings, dict):
             raise TypeError(f"settings must be a dict of ReadParams fields, got "
                             f"{type(self.settings).__name__}")

@@ -11,7 +11,9 @@ from .._lazy import lazy_exports
 
 _HOME = {
     "Batcher": "batcher", "BATCH_BUCKETS": "batcher",
-    "Client": "client", "ServerError": "client",
+    "Client": "client", "ServerError": "client", "ClientError": "client",
+    "ClientConnectionError": "client", "ClientTimeout": "client",
+    "ProtocolError": "client",
     "KeyRing": "tenants", "KeyFileError": "tenants", "load_keys": "tenants",
     "create_app": "app", "LocalBackend": "backend",
 }

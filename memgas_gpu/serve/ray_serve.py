@@ -6,8 +6,12 @@ one-process server, in the ``memgas serve`` process; it sends each call to the r
 of its conversation: ``shard_of(tenant-qualified id, N)``, a stable hash, so a
 conversation always lives on one replica and a restart finds it there
 (``FOLDER/shards.json`` records N; a different ``--replicas`` is refused).  Each replica
-batches its searches with ``@serve.batch`` (``max_ongoing_requests`` is raised above the
-batch size, or Ray Serve's default of 5 would cap every batch at 5).
+serves its memory through the one-process server's backend
+(:class:`~memgas_gpu.serve.backend.LocalBackend`): searches in its own
+:class:`~memgas_gpu.serve.batcher.Batcher` (batch counters, the answer-each-alone rule
+after a failed batch, fair sharing across tenants, large requests cut into pieces),
+compaction after removals; ``max_ongoing_requests`` is raised to :data:`MAX_ONGOING`, so
+that many calls reach the replica's batcher.
 
 Needs ``pip install "memgas_gpu[serve-ray]"``; on a cluster, memgas_gpu must be
 installed on every node and FOLDER be a path every node reaches.
@@ -15,20 +19,26 @@ installed on every node and FOLDER be a path every node reaches.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
-import threading
+import pickle
 from pathlib import Path
 from typing import Callable, Optional
 
 from ray import serve
 
 from ..errors import MemgasError
-from .backend import Conflict, MemoryCalls, NotFound
+from .backend import COMPACT_AFTER_S, LocalBackend
+from .batcher import check_request, recheck_request
 
 __all__ = ["shard_of", "Shard", "RayBackend", "ray_backend", "check_layout", "LAYOUT_FILE"]
 
 LAYOUT_FILE = "shards.json"
+
+#: calls in flight at one replica at most (Ray Serve's default of 5 would cap every batch
+#: at 5 requests, and would queue a flood in front of the replica's fair batcher)
+MAX_ONGOING = 1024
 
 
 class ShardLayoutError(MemgasError, ValueError):
@@ -71,212 +81,171 @@ def check_layout(folder, n: int) -> list:
     return [str(folder / f"shard-{i}") for i in range(n)]
 
 
-def _tagged(fn, *args):
-    """``{"ok": fn(*args)}``, or the error as data (Ray would wrap it in its own)."""
+#: the backend calls a shard answers for one conversation (its id first) and for all
+PER_CONVERSATION = ("add_sessions", "replace_session", "remove_session", "forget",
+                    "conversation", "sessions", "get_session")
+PER_SHARD = ("conversations", "ready", "compact", "stats")
+
+
+def _as_data(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling (Ray sends it back to the front as it is, so the
+    app answers it as the one-process server would), else a RuntimeError naming it."""
     try:
-        return {"ok": fn(*args)}
-    except NotFound as e:
-        return {"error": "not_found", "what": e.what}
-    except Conflict as e:
-        return {"error": "conflict", "message": str(e)}
-    except TypeError as e:
-        return {"error": "type", "message": str(e)}
-    except ValueError as e:
-        return {"error": "value", "message": str(e)}
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to travel
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def _untag(got: dict):
-    if "ok" in got:
-        return got["ok"]
-    kind = got["error"]
-    if kind == "not_found":
-        raise NotFound(got["what"])
-    raise {"conflict": Conflict, "type": TypeError, "value": ValueError}[kind](got["message"])
+def _answer(got: dict):
+    if "error" in got:
+        raise got["error"]
+    return got["ok"]
 
 
 @serve.deployment
 class Shard:
-    """One replica: the memory of one shard folder, its writes, listings and batched
-    searches."""
+    """One replica: the memory of one shard folder behind a
+    :class:`~memgas_gpu.serve.backend.LocalBackend` (its writes, listings, compaction
+    after removals, and its :class:`~memgas_gpu.serve.batcher.Batcher`: searches in
+    shared batches, fair across tenants, large requests cut into pieces).  Every call
+    answers ``{"ok": value}`` or ``{"error": exception}`` (Ray would wrap an exception
+    raised here in its own)."""
 
     def __init__(self, folder: str, encoder: Optional[str], device: Optional[str],
-                 max_batch_size: int, max_wait_ms: float) -> None:
+                 max_batch_size: int, max_wait_ms: float,
+                 compact_after_s: Optional[float] = COMPACT_AFTER_S) -> None:
         from ..retrieve import MemoryIndex
+        from .batcher import Batcher
 
         enc = None
         if encoder is not None:
             from ..encode import Encoder
 
             enc = Encoder(encoder, device=device or "cpu")
-        self.memory = MemoryIndex.open(folder, encoder=enc)
-        self.memory.query_encoder(enc)
-        self.encoder, self.device = enc, device
-        self.calls = MemoryCalls(self.memory, enc)
-        self.batching = max_batch_size > 1
-        self._batched.set_max_batch_size(max_batch_size)
-        self._batched.set_batch_wait_timeout_s(max_wait_ms / 1e3)
-        from .batcher import BATCH_BUCKETS
+        memory = MemoryIndex.open(folder, encoder=enc)
+        memory.query_encoder(enc)
+        batcher = Batcher(memory, max_batch_size, max_wait_ms, encoder=enc, device=device)
+        self.backend = LocalBackend(memory, batcher, encoder=enc,
+                                    compact_after_s=compact_after_s)
 
-        self._buckets = BATCH_BUCKETS
-        self._lock = threading.Lock()
-        self.counts = {"batches": 0, "requests": 0, "questions": 0, "errors": 0}
-        self.hist = [0] * (len(BATCH_BUCKETS) + 1)
-        self.max_batch_size, self.max_wait_ms = max_batch_size, max_wait_ms
+    async def call(self, name: str, *args) -> dict:
+        """The backend's ``name`` (one of :data:`PER_CONVERSATION`, :data:`PER_SHARD`)
+        with ``args``."""
+        if name not in PER_CONVERSATION + PER_SHARD:
+            return {"error": ValueError(f"no shard call {name!r}")}
+        try:
+            return {"ok": await getattr(self.backend, name)(*args)}
+        except Exception as e:  # noqa: BLE001 - the front raises it
+            return {"error": _as_data(e)}
 
-    async def _call(self, name: str, *args):
-        return await asyncio.to_thread(_tagged, getattr(self.calls, name), *args)
-
-    async def add_sessions(self, cid, items):
-        return await self._call("add_sessions", cid, items)
-
-    async def remove_session(self, cid, sid):
-        return await self._call("remove_session", cid, sid)
-
-    async def forget(self, cid):
-        return await self._call("forget", cid)
-
-    async def conversations(self):
-        return await self._call("conversations")
-
-    async def sessions(self, cid):
-        return await self._call("sessions", cid)
-
-    async def get_session(self, cid, sid):
-        return await self._call("get_session", cid, sid)
-
-    async def search(self, request):
-        """One request's results (``request``: a SearchRequest, checked by the front)."""
-        if not self.batching:
-            return (await self._answer([request]))[0]
-        return await self._batched(request)
-
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005,
-                 batch_size_fn=lambda reqs: sum(len(r.queries) for r in reqs))
-    async def _batched(self, requests: list) -> list:
-        return await self._answer(requests)
-
-    async def _answer(self, requests: list) -> list:
-        def run():
-            try:
-                outs = self.memory.search_many(requests, encoder=self.encoder,
-                                               device=self.device)
-            except Exception:  # noqa: BLE001 - each request alone: only its own error
-                outs = []
-                for r in requests:
-                    try:
-                        outs.append(self.memory.search_many([r], encoder=self.encoder,
-                                                            device=self.device)[0])
-                    except Exception as e:  # noqa: BLE001
-                        outs.append(e)
-            n = sum(len(r.queries) for r in requests)
-            b = next((j for j, hi in enumerate(self._buckets) if n <= hi), len(self._buckets))
-            with self._lock:
-                self.counts["batches"] += 1
-                self.counts["requests"] += len(requests)
-                self.counts["questions"] += n
-                self.counts["errors"] += sum(isinstance(o, Exception) for o in outs)
-                self.hist[b] += 1
-            return outs
-
-        outs = await asyncio.to_thread(run)
-        return [{"error": "internal", "message": str(o)} if isinstance(o, Exception)
-                else {"ok": o} for o in outs]
-
-    async def stats(self) -> dict:
-        with self._lock:
-            c, hist = dict(self.counts), list(self.hist)
-        c["mean_batch_size"] = c["questions"] / c["batches"] if c["batches"] else 0.0
-        cum, run = {}, 0
-        for hi, n in zip([*self._buckets, "+Inf"], hist):
-            run += n
-            cum[hi] = run
-        c["batch_sizes"] = cum
-        c["max_batch_size"], c["max_wait_ms"] = self.max_batch_size, self.max_wait_ms
-        c["queue_depth"] = 0  # Ray Serve queues before the replica; see its own metrics
-        c["conversations"] = self.memory.n_conversations
-        return c
+    async def search(self, request, tenant=None) -> dict:
+        """One request's results (``request``: a SearchRequest checked by the front, of
+        this shard's conversations), answered in this replica's batches on behalf of
+        ``tenant``."""
+        try:
+            return {"ok": await self.backend.search(request, tenant)}
+        except Exception as e:  # noqa: BLE001 - the front raises it
+            return {"error": _as_data(e)}
 
     async def close(self) -> bool:
-        await asyncio.to_thread(self.memory.close)
+        """Answer the queued searches, run a pending compaction, close the memory."""
+        await self.backend.close()
         return True
 
 
 class RayBackend:
-    """The app's backend over shard handles (:class:`Shard` deployments, in order)."""
+    """The app's backend over shard handles (:class:`Shard` deployments, in order): the
+    async methods of :class:`~memgas_gpu.serve.backend.LocalBackend`, each call sent to
+    the shard of its conversation, or to every shard and the answers joined."""
 
-    def __init__(self, handles: list, own_ray: bool = False) -> None:
+    def __init__(self, handles: list, own_ray: bool = False, own_serve: bool = True) -> None:
         self.handles = handles
         self.n = len(handles)
-        self.own_ray = own_ray
+        self.own_ray, self.own_serve = own_ray, own_serve
 
-    def _h(self, cid: str):
-        return self.handles[shard_of(cid, self.n)]
+    async def _one(self, name: str, cid: str, *args):
+        return _answer(await self.handles[shard_of(cid, self.n)].call.remote(name, cid, *args))
 
+    async def _all(self, name: str) -> list:
+        got = await asyncio.gather(*[h.call.remote(name) for h in self.handles])
+        return [_answer(g) for g in got]
+
+    # ------------------------------------------------------------------ one conversation
     async def add_sessions(self, cid, items):
-        return _untag(await self._h(cid).add_sessions.remote(cid, items))
+        return await self._one("add_sessions", cid, items)
+
+    async def replace_session(self, cid, item):
+        return await self._one("replace_session", cid, item)
 
     async def remove_session(self, cid, sid):
-        return _untag(await self._h(cid).remove_session.remote(cid, sid))
+        return await self._one("remove_session", cid, sid)
 
     async def forget(self, cid):
-        return _untag(await self._h(cid).forget.remote(cid))
+        return await self._one("forget", cid)
+
+    async def conversation(self, cid):
+        return await self._one("conversation", cid)
 
     async def sessions(self, cid):
-        return _untag(await self._h(cid).sessions.remote(cid))
+        return await self._one("sessions", cid)
 
     async def get_session(self, cid, sid):
-        return _untag(await self._h(cid).get_session.remote(cid, sid))
+        return await self._one("get_session", cid, sid)
 
+    # ------------------------------------------------------------------ every shard
     async def conversations(self):
-        parts = await asyncio.gather(*[h.conversations.remote() for h in self.handles])
-        return [c for p in parts for c in _untag(p)]
+        return [c for part in await self._all("conversations") for c in part]
 
-    def check_search(self, args: dict) -> None:
-        from .backend import search_kwargs
-        from .batcher import check_request
-
-        check_request(**search_kwargs(args))
-
-    async def search(self, args: dict) -> list:
-        """Each question to its conversation's shard (one call per shard), the answers
-        back in the questions' order."""
-        from ..retrieve.search import SearchRequest
-        from .backend import search_kwargs
-        from .batcher import check_request
-
-        req = check_request(**search_kwargs(args))
-        by: dict = {}
-        for j, c in enumerate(req.conversation_id):
-            by.setdefault(shard_of(c, self.n), []).append(j)
-        calls = {}
-        for s, js in by.items():
-            sub = SearchRequest([req.conversation_id[j] for j in js],
-                                [req.queries[j] for j in js], req.k, req.method, req.evidence,
-                                req.question_date, req.after, req.before, req.metadata,
-                                dict(req.settings))
-            calls[s] = self.handles[s].search.remote(sub)
-        got = dict(zip(calls, await asyncio.gather(*calls.values())))
-        out = [None] * len(req.queries)
-        for s, js in by.items():
-            res = got[s]
-            if "ok" not in res:
-                raise RuntimeError(f"shard {s}: {res.get('message')}")
-            for j, r in zip(js, res["ok"]):
-                out[j] = r
+    async def ready(self) -> dict:
+        """Each shard's counts, summed."""
+        out: dict = {}
+        for part in await self._all("ready"):
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
         return out
 
+    async def compact(self) -> int:
+        return sum(await self._all("compact"))
+
     async def stats(self) -> dict:
-        parts = await asyncio.gather(*[h.stats.remote() for h in self.handles])
+        parts = await self._all("stats")
         for i, p in enumerate(parts):
             p["shard"] = i
         return {"shards": list(parts), "conversations": sum(p["conversations"] for p in parts)}
 
+    # ------------------------------------------------------------------ search
+    def request(self, conversation_id, questions: list, kwargs: dict):
+        """The checked search request (TypeError / ValueError naming the bad argument),
+        as :meth:`LocalBackend.request <memgas_gpu.serve.backend.LocalBackend.request>`."""
+        return check_request(conversation_id, questions, **kwargs)
+
+    async def search(self, request, tenant=None) -> list:
+        """The results of a :meth:`request`: its questions sent to their conversations'
+        shards (one request per shard, answered there in the shard's fair batches on
+        behalf of ``tenant``), the answers back in the questions' order."""
+        req = recheck_request(request)
+        by: dict = {}
+        for j, c in enumerate(req.conversation_id):
+            by.setdefault(shard_of(c, self.n), []).append(j)
+        calls = {s: self.handles[s].search.remote(dataclasses.replace(
+            req, conversation_id=[req.conversation_id[j] for j in js],
+            queries=[req.queries[j] for j in js]), tenant) for s, js in by.items()}
+        got = dict(zip(calls, await asyncio.gather(*calls.values())))
+        out = [None] * len(req.queries)
+        for s, js in by.items():
+            for j, r in zip(js, _answer(got[s])):
+                out[j] = r
+        return out
+
     async def close(self) -> None:
-        """Close every shard's memory (its checkpoint), then Ray Serve."""
+        """Close every shard (its queued searches answered, its memory checkpointed),
+        then Ray Serve."""
         try:
             await asyncio.gather(*[h.close.remote() for h in self.handles])
         finally:
-            serve.shutdown()
+            if self.own_serve:
+                serve.shutdown()
             if self.own_ray:
                 import ray
 
@@ -300,10 +269,13 @@ def ray_backend(opts, note: Callable[[str], None] = print) -> RayBackend:
         for i, f in enumerate(folders):
             app = Shard.options(
                 name=f"memgas-shard-{i}",
-                # a batch fills only with this many requests in flight at the replica
-                max_ongoing_requests=max(8, 2 * opts.max_batch_size),
+                # calls beyond this many wait in Ray Serve's queue in front of the
+                # replica, first come first served; within it the replica's Batcher
+                # fills batches and shares them fairly across tenants
+                max_ongoing_requests=max(MAX_ONGOING, 4 * opts.max_batch_size),
                 ray_actor_options={"num_cpus": min(1.0, cpus / len(folders))},
-            ).bind(f, opts.encoder, opts.device, opts.max_batch_size, opts.max_wait_ms)
+            ).bind(f, opts.encoder, opts.device, opts.max_batch_size, opts.max_wait_ms,
+                   getattr(opts, "compact_after_s", COMPACT_AFTER_S))
             handles.append(serve.run(app, name=f"memgas-shard-{i}", route_prefix=None))
     except BaseException:
         serve.shutdown()
