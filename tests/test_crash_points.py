@@ -25,6 +25,7 @@ without a folder fsync); each has a test of its own below.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import tempfile
@@ -256,6 +257,23 @@ def abandon(prog: Progress, logs: _Logs) -> None:
     logs.release()
 
 
+def let_go(prog: Progress, rec: FSRecorder) -> None:
+    """Close the descriptors a run left open that no object holds any more.  The run's
+    memories and the frames of what stopped it are dropped and collected first, so an
+    object that still holds a file (a commit's pack reader, open for the memory's
+    life) closes it itself: closed here by its number, the object would close, when
+    the collector gets to it, whatever file a later run had opened under that number."""
+    prog.mems.clear()
+    e, seen = prog.error, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    gc.collect()
+    for fd in rec.leaked_fds():
+        os.close(fd)
+
+
 class Verdict(NamedTuple):
     """What is wrong with a folder: ``kind`` is "open" (refused), "load" (refused after
     an open), "disagree" (load and open differ), "lost" (it holds neither the
@@ -360,8 +378,7 @@ def crash_sweep(tmp: Path, enc, oracle: list, points) -> list[Outcome]:
             rec.crash_at(n, base / "states", tear=0.5)
             prog = run_script(folder, enc, rec)
             abandon(prog, logs)
-            for fd in rec.leaked_fds():
-                os.close(fd)
+            let_go(prog, rec)
         if rec.crash is None:
             shutil.rmtree(base)
             break
@@ -405,8 +422,7 @@ def disk_sweep(tmp: Path, enc, oracle: list, points, ops=("write", "fsync")) -> 
                 kept = verdict is not None and verdict.kind == "open" and \
                     "open for writing" in verdict.message
                 logs.release()
-                for fd in rec.leaked_fds():
-                    os.close(fd)
+                let_go(prog, rec)
                 if kept:  # what else is wrong once the kept log is let go
                     verdict, held = check_folder(folder, enc, oracle, prog, raised=True)
         if not rec.failures:
