@@ -8,7 +8,11 @@ and of the write in flight all or nothing (an ``add_sessions`` of several sessio
 one write: all of its sessions or none).  The same script under a full disk (ENOSPC
 from the n-th write or fsync): a write that raised is absent after a reopen, the
 acknowledged ones present, the folder opens, in the same process (a failed open lets
-the folder go).
+the folder go).  Eviction is on: the memory reopened halfway keeps nothing it reads from
+the folder (``max_resident_bytes=0``: its writes, its commits and its last compaction
+read every conversation again from the packs), and a memory opened on a crashed folder
+keeps a segment or two, while ``MemoryIndex.load``, which must agree with it, keeps
+everything.
 
 Oracle: a fresh in-RAM memory given the same writes (per conversation: session ids,
 dates, metadata, turn texts, embeddings and the association graph), one per prefix of
@@ -64,12 +68,18 @@ SCRIPT = [
     ("add", "C", 5, 0, None),  # C again: A's s4, shared
     ("compact",),  # drops the first s1 and C's first session from the store
     ("close",),
-    ("reopen", {"checkpoint_bytes": 1}),  # from here every write commits by itself
+    # from here every write commits by itself, and nothing read from the folder is kept
+    ("reopen", {"checkpoint_bytes": 1, "max_resident_bytes": 0}),
     ("batch", "D", [7, 2], 3),
     ("add", "B", 3, 2, None),  # A's s2, shared
     ("replace", "D", 0, 0, None),  # D's s1 (the violin lesson) becomes POOL[0]'s
     ("remove", "B", "s5"),
+    ("compact",),  # a full commit: A and C read again from the old commit's packs
 ]
+#: what the memories opened on crashed folders keep of what they read (a segment or
+#: two: the others are read again when the checks need them)
+MAX_RESIDENT = 4096
+REOPEN = next(i for i, s in enumerate(SCRIPT) if s[0] == "reopen")
 DATA_OPS = [s for s in SCRIPT if s[0] in ("add", "batch", "replace", "remove", "forget")]
 #: script steps whose every crash point the default run takes (the first open, and the
 #: writes of several sessions: all or nothing)
@@ -292,7 +302,7 @@ def check_folder(path: Path, enc, oracle: list, prog: Progress,
     logs = _Logs()
     with logs, FSRecorder(path, real_fsync=False):  # the model's fsyncs only: faster
         try:
-            mem = MemoryIndex.open(path, encoder=enc)
+            mem = MemoryIndex.open(path, encoder=enc, max_resident_bytes=MAX_RESIDENT)
         except Exception as e:  # noqa: BLE001 - reported
             logs.release()
             return Verdict("open", f"{type(e).__name__}: "
@@ -336,8 +346,10 @@ def count_points(tmp: Path, enc, ops=CRASH_OPS) -> list[int]:
     folder.mkdir(parents=True)
     with _Logs() as logs, FSRecorder(folder, real_fsync=False) as rec:
         prog = run_script(folder, enc, rec)
+        evicted = prog.mems[-1].residency()["evictions"] if prog.mems else 0
         abandon(prog, logs)
     assert prog.step == len(SCRIPT), prog.error
+    assert evicted > 0, "the reopened memory dropped nothing it read from the folder"
     end = rec.first("note", "end")
     steps = [step_of(rec, i) for i, e in enumerate(rec.events[:end]) if e.op in ops]
     shutil.rmtree(tmp / "count")
@@ -537,8 +549,8 @@ def test_a_write_that_raises_for_a_full_disk_is_absent(disk_outcomes):
     raised = [o for o in writes if o.error is not None]
     assert raised and not _wrong(raised), "\n".join(_wrong(raised))
     assert all(o.held == o.acked for o in raised)
-    committing = [o for o in writes if SCRIPT.index(("reopen", {"checkpoint_bytes": 1}))
-                  < o.step and (o.event[1].startswith("data/") or "manifest" in o.event[1])]
+    committing = [o for o in writes if REOPEN < o.step and
+                  (o.event[1].startswith("data/") or "manifest" in o.event[1])]
     assert committing, "no full disk hit an automatic commit"
     assert [str(o) for o in committing if o.error is not None] == []
     assert not _wrong(committing), "\n".join(_wrong(committing))
