@@ -7,6 +7,7 @@ equal that memory's.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memgas_gpu import Session
@@ -128,3 +129,20 @@ def test_writes_across_evictions_equal_the_same_writes_in_ram(tmp_path, monkeypa
     assert again.conversation_ids() == cids
     _same_view(mem, again, cids)
     _same_search(mem, again, ["c003", "c999", "c010", "c020"], tiny_enc)
+
+
+def test_a_readiness_probe_reads_no_conversation(tmp_path, monkeypatch):
+    """``GET /readyz`` counts conversations and sessions from the folder's directory: a
+    server over a large folder answers its probes without reading the memory."""
+    pytest.importorskip("pydantic")
+    from memgas_gpu.serve.backend import MemoryCalls
+
+    mem, folder = _saved(tmp_path, monkeypatch)
+    lazy = MemoryIndex.open(folder)
+    try:
+        got = MemoryCalls(lazy).ready()
+        assert lazy.state().base.directory.reads["segments"] == 0
+        assert got == {"conversations": N_CONV, "log_bytes": 0,
+                       "sessions": sum(len(c.session_ids) for c in mem.conversations)}
+    finally:
+        lazy.close()
