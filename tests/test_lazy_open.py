@@ -146,3 +146,31 @@ def test_a_readiness_probe_reads_no_conversation(tmp_path, monkeypatch):
                        "sessions": sum(len(c.session_ids) for c in mem.conversations)}
     finally:
         lazy.close()
+
+
+def test_a_follower_that_reads_a_newer_commit_keeps_its_bound(tmp_path, monkeypatch,
+                                                              tiny_enc):
+    """A read-only memory whose writer wrote a full commit drops what it kept of the
+    old commit, and what it reads of the new one (segments and store chunks) is in its
+    own resident set: the same reads and bytes as a memory opened on the new commit
+    reading the same, all of it dropped by ``drop_resident``."""
+    mem, folder = _saved(tmp_path, monkeypatch)
+    writer = MemoryIndex.open(folder, encoder=tiny_enc)
+    follower = MemoryIndex.open(folder, readonly=True)
+    cids = [m.id for m in mem.conversations]
+    follower.view(cids)  # the old commit, all resident
+    writer.remove_session("c004", "s1")
+    writer.compact()  # a full commit: new packs, new chunks
+    assert follower.refresh() == -1
+    assert follower.residency()["resident_bytes"] == 0  # nothing of the old commit
+    loads = follower.residency()["segment_loads"]
+    follower.view(cids)
+    fresh = MemoryIndex.open(folder, readonly=True)
+    fresh.view(cids)
+    got, want = follower.residency(), fresh.residency()
+    assert got["segment_loads"] - loads == want["segment_loads"]
+    assert got["resident_bytes"] == want["resident_bytes"] > 0
+    _same_view(fresh, follower, cids)
+    follower.drop_resident()
+    assert follower.residency()["resident_bytes"] == 0
+    writer.close()

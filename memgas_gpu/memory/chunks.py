@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .lazy import owner_id
 from .store import StoreTables
 from .texts import TextTable
 
@@ -52,7 +53,7 @@ class ChunkedStore:
         self.n_slots = chunks[-1]["slots"][1] if chunks else 0
         self.dim = int(header["dim"])
         self.resident = None  # set by the memory (its Resident)
-        self.id = id(self)
+        self.id = owner_id()  # its chunks' keys in the resident set
         self.reads = 0
         # the tables every chunk holds, from the first chunk's safetensors header
         keys = self._keys(chunks[0]["ref"]) if chunks else {"gran"}

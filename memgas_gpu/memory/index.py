@@ -955,14 +955,17 @@ class MemoryIndex:
         """Take ``other``'s store and state (a follower that read a newer commit) and
         publish them: readers see the old or the new memory."""
         with self._write_lock:
-            old = self._state.base
-            if other._state.base is not None:  # its conversations resident in ours
-                other._state.base.resident = self._resident
+            old = (self._state.base, self._store.base)
+            new = (other._state.base, other._store.base)
+            for got in new:  # its conversations and store chunks resident in ours
+                if got is not None:
+                    got.resident = self._resident
             self._store, self._tip = other._store, other._state
             self._publish(other._state, ())
             self._cache.clear()  # every conversation has a new version
-            if old is not None:
-                self._resident.drop(old.id)
+            for got in old:  # what we kept of the old commit
+                if got is not None and got not in new:
+                    self._resident.drop(got.id)
 
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:

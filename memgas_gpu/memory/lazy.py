@@ -28,14 +28,21 @@ import torch
 from .meta import ConversationMeta
 from .segments import Segment
 
-__all__ = ["Base", "Resident", "MAX_RESIDENT_BYTES", "segment_bytes"]
+__all__ = ["Base", "Resident", "MAX_RESIDENT_BYTES", "segment_bytes", "owner_id"]
 
 #: default bound on the bytes of segments read from a folder that a memory keeps
 MAX_RESIDENT_BYTES = 256 << 20
 #: estimate of one segment's Python objects (meta, lists, dicts, tensor headers)
 SEGMENT_OVERHEAD = 2048
 
-_BASES = itertools.count(1)
+_OWNERS = itertools.count(1)
+
+
+def owner_id() -> int:
+    """A number naming one base or chunked store in the resident sets: the first
+    element of its keys, never given twice in a process (``id()`` of a collected
+    object is given again, and its entries would be read as the new object's)."""
+    return next(_OWNERS)
 
 
 def segment_bytes(seg: Segment) -> int:
@@ -91,7 +98,8 @@ class Resident:
             return seg
 
     def drop(self, prefix) -> None:
-        """Forget every segment of one base (a memory that read a newer commit)."""
+        """Forget every segment of one base, or every chunk of one store (a memory that
+        read a newer commit)."""
         with self._lock:
             for k in [k for k in self._items if k[0] == prefix]:
                 self.bytes -= self._items.pop(k)[1]
@@ -120,7 +128,7 @@ class Base:
     def __init__(self, directory, resident: Resident) -> None:
         self.directory = directory
         self.resident = resident
-        self.id = next(_BASES)
+        self.id = owner_id()
 
     @property
     def count(self) -> int:
