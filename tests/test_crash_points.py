@@ -285,10 +285,11 @@ def let_go(prog: Progress, rec: FSRecorder) -> None:
 
 
 class Verdict(NamedTuple):
-    """What is wrong with a folder: ``kind`` is "open" (refused), "load" (refused after
-    an open), "disagree" (load and open differ), "lost" (it holds neither the
-    acknowledged writes nor those and the one in flight: a write half there is lost),
-    "raised" (it holds a write that raised: acknowledged as failed, yet there)."""
+    """What is wrong with a folder: ``kind`` is "open" (refused), "read" (opened, then
+    refused when its conversations were read), "load" (refused after an open),
+    "disagree" (load and open differ), "lost" (it holds neither the acknowledged writes
+    nor those and the one in flight: a write half there is lost), "raised" (it holds a
+    write that raised: acknowledged as failed, yet there)."""
 
     kind: str
     message: str
@@ -308,7 +309,11 @@ def check_folder(path: Path, enc, oracle: list, prog: Progress,
             return Verdict("open", f"{type(e).__name__}: "
                                    f"{' '.join(str(e).split())[:300]}"), None
     try:
-        got = summary(mem)
+        try:  # the conversations are read here, when first needed
+            got = summary(mem)
+        except Exception as e:  # noqa: BLE001 - reported
+            return Verdict("read", f"{type(e).__name__}: "
+                                   f"{' '.join(str(e).split())[:300]}"), None
         try:
             loaded = summary(MemoryIndex.load(path))
         except Exception as e:  # noqa: BLE001 - reported
@@ -380,7 +385,9 @@ def _tree(folder: Path) -> dict:
 
 def crash_sweep(tmp: Path, enc, oracle: list, points) -> list[Outcome]:
     """Crash the script at each of ``points``; check what a kill and a power loss (and a
-    power loss that tears the appends not synced, where that differs) leave."""
+    power loss that tears the appends not synced, where that differs) leave.  A point
+    past the script's last call ends the sweep: what a kill and a power loss leave
+    after the script ran to its end is checked (event ``("end", ...)``) as well."""
     out = []
     for n in points:
         base = tmp / f"crash-{n}"
@@ -389,9 +396,17 @@ def crash_sweep(tmp: Path, enc, oracle: list, points) -> list[Outcome]:
         with _Logs() as logs, FSRecorder(folder, real_fsync=False) as rec:
             rec.crash_at(n, base / "states", tear=0.5)
             prog = run_script(folder, enc, rec)
+            if rec.crash is None and prog.error is None:  # every write acknowledged
+                end = [("kill", rec.kill_state(base / "end" / "kill")),
+                       ("power", rec.power_loss_state(base / "end" / "power"))]
             abandon(prog, logs)
             let_go(prog, rec)
         if rec.crash is None:
+            assert prog.error is None, prog.error
+            for kind, path in end:
+                verdict, held = check_folder(path, enc, oracle, prog)
+                out.append(Outcome(n, len(SCRIPT) - 1, ("end", ".", None), kind, verdict,
+                                   held, prog.acked))
             shutil.rmtree(base)
             break
         assert isinstance(prog.error, SimulatedCrash), prog.error
@@ -471,7 +486,8 @@ def crash_outcomes(tmp_path_factory, enc, oracle, sweeps) -> list[Outcome]:
     tmp = tmp_path_factory.mktemp("crash")
     out = crash_sweep(tmp, enc, oracle, points + [len(steps) + 1])
     shutil.rmtree(tmp)
-    assert {o.n for o in out} == set(points)  # every point reached, and no point past them
+    # every point reached, and no point past them: the script then ran to its end
+    assert {o.n for o in out} == set(points) | {len(steps) + 1}
     return out
 
 
@@ -499,7 +515,8 @@ def test_every_crash_point_keeps_the_acknowledged_writes(crash_outcomes):
     """Kill and power loss at each crash point (default run: the first open and the
     writes of several sessions whole, every K-th point elsewhere): the folder opens,
     load agrees with open, every acknowledged write is there and the write in flight
-    entirely or not at all."""
+    entirely or not at all; and after a kill or a power loss once the script ended
+    (its last step a compaction of a memory that keeps nothing resident), every write."""
     assert len(crash_outcomes) >= 100
     assert {o.state for o in crash_outcomes} == {"kill", "power", "torn"}
     assert {SCRIPT[o.step][0] for o in crash_outcomes} == {s[0] for s in SCRIPT}
@@ -572,7 +589,8 @@ def test_every_crash_point_and_full_disk_point(tmp_path, enc, oracle, sweeps):
     """Every crash point and every full-disk point of the script."""
     crash = crash_sweep(tmp_path, enc, oracle, range(1, len(sweeps["crash"]) + 2))
     disk = disk_sweep(tmp_path, enc, oracle, range(1, len(sweeps["disk"]) + 2))
-    assert len(crash) >= 2 * len(sweeps["crash"]) and len(disk) == len(sweeps["disk"])
+    assert len(crash) >= 2 * len(sweeps["crash"]) + 2 and len(disk) == len(sweeps["disk"])
+    assert {o.n for o in crash} == set(range(1, len(sweeps["crash"]) + 2))
     print(f"{len(sweeps['crash'])} crash points ({len(crash)} states), "
           f"{len(disk)} full-disk points")
     bad = _wrong(crash + disk)
