@@ -174,3 +174,20 @@ def test_a_follower_that_reads_a_newer_commit_keeps_its_bound(tmp_path, monkeypa
     follower.drop_resident()
     assert follower.residency()["resident_bytes"] == 0
     writer.close()
+
+
+def test_the_least_recently_used_is_dropped_first():
+    """The resident set by hand: two things of 100 bytes fit in 200; the one read
+    least recently goes when a third comes; a thing larger than the bound is handed
+    back and not kept."""
+    from memgas_gpu.memory.lazy import Resident
+
+    r = Resident(200)
+    r.put("a", "A", 100)
+    r.put("b", "B", 100)
+    assert r.get("a") == "A"  # a is now used after b
+    assert r.put("c", "C", 100) == "C"
+    assert (r.get("a"), r.get("b"), r.get("c")) == ("A", None, "C")
+    assert (r.stats()["resident_bytes"], r.stats()["evictions"]) == (200, 1)
+    assert r.put("d", "D", 300) == "D" and r.get("d") is None
+    assert r.stats()["resident_bytes"] == 0
