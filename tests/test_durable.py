@@ -324,9 +324,9 @@ def test_an_older_folder_loads_opens_and_is_converted_once(tmp_path, enc, fmt):
 
 
 def _encoded(mem, session, summary, keywords, enc):
-    from memgas_gpu.memory.writes import encode_session
+    from memgas_gpu.memory.writes import encode_sessions
 
-    return encode_session(mem._store, session, summary, keywords, enc, mem.dim)
+    return encode_sessions(mem._store, [(session, summary, keywords)], enc, mem.dim)[0]
 
 
 def test_a_saved_folder_opens_without_converting(tmp_path, enc):

@@ -1,4 +1,4 @@
 """``python -m memgas_gpu.cli``: the ``memgas`` command without the console script."""
-from .main import main
+from . import main
 
 main()

@@ -50,7 +50,7 @@ from ..retrieve.signals import QueryBatch, signal_texts
 from .store import DIGEST_BYTES, SessionStore, session_digest
 from ..retrieve.filters import check_metadata
 from .writes import (AddOp, Encoded, ForgetOp, RemoveOp, ReplaceOp, WriteContext,
-                     apply_ops, check_session, encode_session, session_texts,
+                     apply_ops, check_session, encode_sessions, session_texts,
                      stored_encoding)
 from .texts import TextTable
 
@@ -764,10 +764,10 @@ class MemoryIndex:
                      keywords: Optional[Sequence] = None,
                      metadata: Optional[Sequence] = None, encoder: Any = None) -> None:
         """Append several sessions to a conversation as one write: all of them or none
-        (every one is checked, the new ones encoded, each session apart, then all are
-        linked in order and published at once; on a memory opened on a folder they are one log
-        record, so a crash leaves all of them or none).  Equals ``add_session`` of each
-        in order.
+        (every one is checked, the new ones encoded together in one encoder call, then
+        all are linked in order and published at once; on a memory opened on a folder
+        they are one log record, so a crash leaves all of them or none).  Equals
+        ``add_session`` of each in order.
 
         Args:
             sessions: the new sessions, in order (ids distinct, none the conversation
@@ -832,8 +832,8 @@ class MemoryIndex:
         if encoded is None:
             slot = self._store.find(session_digest(session, summary, keywords))
             encoded = (stored_encoding(st.tables, slot) if slot is not None else
-                       encode_session(self._store, session, summary, keywords,
-                                      self.query_encoder(encoder), self.dim))
+                       encode_sessions(self._store, [(session, summary, keywords)],
+                                       self.query_encoder(encoder), self.dim)[0])
         return AddOp(conversation_id, session, summary, keywords, encoded, metadata)
 
     def _encode_new(self, conversation_id: str, sessions: list, texts: list, encoder: Any,
@@ -853,9 +853,10 @@ class MemoryIndex:
                     for s, (u, k) in zip(sessions, texts)]
         if not any(want):
             return [None] * len(sessions)
-        enc = self.query_encoder(encoder)
-        return [encode_session(self._store, s, u, k, enc, self.dim) if w else None
-                for s, (u, k), w in zip(sessions, texts, want)]
+        new = [(s, u, k) for s, (u, k), w in zip(sessions, texts, want) if w]
+        encoded = iter(encode_sessions(self._store, new, self.query_encoder(encoder),
+                                       self.dim))
+        return [next(encoded) if w else None for w in want]
 
     def remove_session(self, conversation_id: str, session_id: str) -> None:
         """Forget one session of a conversation.

@@ -19,7 +19,7 @@ from ..retrieve.params import GraphParams
 from ..retrieve.signals import signal_texts
 from .store import session_digest
 
-__all__ = ["check_session", "session_texts", "Encoded", "encode_session",
+__all__ = ["check_session", "session_texts", "Encoded", "encode_sessions",
            "stored_encoding", "append_session", "grow_graph", "AddOp", "ReplaceOp",
            "RemoveOp", "ForgetOp", "Op", "WriteContext", "apply_ops"]
 
@@ -125,25 +125,34 @@ class ForgetOp:
 Op = Union[AddOp, ReplaceOp, RemoveOp, ForgetOp]
 
 
-def encode_session(store, session: Session, summary: str, keywords: str, enc,
-                   dim: int) -> Encoded:
-    """Encode a new distinct session's texts (each distinct text once); checks the
-    embeddings (width ``dim``, finite) before anything changes."""
+def encode_sessions(store, items: list, enc, dim: int) -> list:
+    """Encode new distinct sessions, ``items`` = ``[(session, summary, keywords)]``, in
+    one encoder call (each distinct text of the whole batch once); returns one
+    :class:`Encoded` per item. Checks the embeddings (width ``dim``, finite) before
+    anything changes."""
     dense_fn, _ = _check_registered(store)
     names = list(store.dense)
-    texts = [session.text, *session.turns, summary, keywords,
-             *(dense_fn[k](session, summary, keywords) for k in names)]
+    texts, starts = [], []
+    for session, summary, keywords in items:
+        starts.append(len(texts))
+        texts += [session.text, *session.turns, summary, keywords,
+                  *(dense_fn[k](session, summary, keywords) for k in names)]
     emb, _ = encode_unique(enc, texts, progress=False)
     if emb.shape[-1] != dim:
         raise ValueError(f"the encoder gives {emb.shape[-1]}-dimensional embeddings; "
                          f"this index holds {dim}")
-    if not bool(torch.isfinite(emb).all()):
-        raise ValueError(f"session {session.id!r}: the encoder returned NaN or infinite "
-                         "embeddings; nothing was added")
-    nt = len(session.turns)
-    t = emb[1:1 + nt].mean(0) if nt else torch.zeros(emb.shape[-1])
-    row = torch.stack([emb[0], t, emb[1 + nt], emb[2 + nt]])
-    return Encoded(row, {k: emb[3 + nt + i] for i, k in enumerate(names)}, emb[1:1 + nt])
+    out = []
+    for (session, _, _), at in zip(items, starts):
+        nt = len(session.turns)
+        e = emb[at:at + 3 + nt + len(names)]
+        if not bool(torch.isfinite(e).all()):
+            raise ValueError(f"session {session.id!r}: the encoder returned NaN or infinite "
+                             "embeddings; nothing was added")
+        t = e[1:1 + nt].mean(0) if nt else torch.zeros(e.shape[-1])
+        row = torch.stack([e[0], t, e[1 + nt], e[2 + nt]])
+        out.append(Encoded(row, {k: e[3 + nt + i] for i, k in enumerate(names)},
+                           e[1:1 + nt]))
+    return out
 
 
 def gran_rows(tables, slots: Tensor) -> Tensor:
@@ -178,7 +187,7 @@ def _stored_encoding(tables, slot: int) -> Encoded:
 def append_session(store, session: Session, summary: str, keywords: str,
                    encoded: Encoded, digest: bytes) -> int:
     """Tokenise a new distinct session (its texts from :func:`session_texts`, its
-    embeddings from :func:`encode_session` or a log record) and append it to ``store``;
+    embeddings from :func:`encode_sessions` or a log record) and append it to ``store``;
     returns its slot.
 
     Raises:

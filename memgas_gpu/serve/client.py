@@ -9,9 +9,7 @@ A thin client: it imports neither torch nor transformers nor numpy (only httpx,
 pydantic and the torch-free modules of this package: :class:`~memgas_gpu.Session`,
 :class:`~memgas_gpu.retrieve.results.SearchResult`,
 :class:`~memgas_gpu.memory.meta.ConversationMeta` and the protocol).  Beside the package
-it needs the ``[client]`` extra's httpx and pydantic, nothing else; since torch is a
-base dependency of the package, a machine without torch installs it with
-``pip install --no-deps memgas_gpu`` and ``pip install "httpx>=0.24" "pydantic>=2"``.
+it needs httpx and pydantic, nothing else: ``pip install "memgas_gpu[client]"``.
 
 Paths, methods and answers come from the protocol's route table (:data:`.protocol.ROUTES`,
 one table for the server and this client); every answer is checked against its model.
