@@ -7,6 +7,8 @@ equal that memory's.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -191,3 +193,100 @@ def test_the_least_recently_used_is_dropped_first():
     assert (r.stats()["resident_bytes"], r.stats()["evictions"]) == (200, 1)
     assert r.put("d", "D", 300) == "D" and r.get("d") is None
     assert r.stats()["resident_bytes"] == 0
+
+
+# ---------------------------------------------------------------- the chunk list in pages
+def _pages_saved(tmp_path, monkeypatch) -> tuple[MemoryIndex, str]:
+    monkeypatch.setattr(commit, "CHUNK_BYTES", 600)  # one slot a chunk: 70-odd chunks
+    mem = _memory()
+    folder = str(tmp_path / "mem")
+    mem.save(folder)
+    return mem, folder
+
+
+def test_the_root_lists_the_last_chunks_and_pages_hold_the_others(tmp_path, monkeypatch,
+                                                                   tiny_enc):
+    """Read with the independent reader (tests/_format4.py): full pages of 16 chunk
+    entries, each naming the page before it, then fewer than 16 + 8 in the root; the
+    entries lie end to end over every slot the segments use.  A checkpoint after one
+    add names every page the commit before named (none written again) and appends only
+    that conversation's path, the new chunk and the root; the reopened memory reads as
+    the same writes in RAM."""
+    import _format4 as f4
+
+    mem, folder = _pages_saved(tmp_path, monkeypatch)
+    pages, every = f4.chunk_pages(folder), f4.chunks(folder)
+    used = set()
+    for e in f4.directory(folder).values():
+        used |= set(f4.blob_tensors(folder, e[2:6])[0]["slots"].tolist())
+    assert len(every) == len(used) > 60  # one slot a chunk
+    assert len(pages) == (len(every) - 8) // 16
+    assert len(f4.root(folder)["chunks"]) == len(every) - 16 * len(pages) < 16 + 8
+    assert every[0]["slots"][0] == 0 and every[-1]["slots"][1] == len(used)
+    assert all(a["slots"][1] == b["slots"][0] for a, b in zip(every, every[1:]))
+
+    lazy = MemoryIndex.open(folder, encoder=tiny_enc)
+    before = {k: len(v) for k, v in f4.folder_bytes(folder).items()}
+    s = Session("new", "2024-09-01", ("[user]: the tomatoes in the garden are ripe",))
+    for m in (mem, lazy):
+        m.add_session("c003", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+    lazy.checkpoint()
+    after = f4.chunk_pages(folder)
+    assert [ref for ref, _ in after] == [ref for ref, _ in pages], "pages written again"
+    assert f4.chunks(folder)[:len(every)] == every
+    new = f4.chunks(folder)[len(every):]
+    assert [c["slots"] for c in new] == [[len(used), len(used) + 1]]
+    path = f4.path_of(folder, "c003")
+    grown = sum(len(v) for k, v in f4.folder_bytes(folder).items()
+                if k.startswith("data/")) - sum(v for k, v in before.items()
+                                                  if k.startswith("data/"))
+    assert grown == sum(ref[2] for ref in (path["segment"], path["leaf"], path["page"],
+                                           new[0]["ref"], f4.pointer(folder)["root"]))
+    lazy.close()
+    again = MemoryIndex.load(folder, max_resident_bytes=0)
+    cids = [m.id for m in mem.conversations]
+    _same_view(mem, again, cids)
+    _same_search(mem, again, ["c003", "c010"], tiny_enc)
+
+
+@pytest.mark.parametrize("damage", ["crc", "short", "prev", "gap", "count"])
+def test_a_damaged_chunk_page_is_refused_naming_it(tmp_path, monkeypatch, damage):
+    """A chunk page's bytes changed (its CRC-32 then fails), or a page written again with
+    its CRC-32 recomputed but 15 entries, a last page naming no page before it, entries
+    that skip a slot, or a root counting one page more than the chain holds: each is
+    refused at the open, naming the page."""
+    import _format4 as f4
+    from memgas_gpu.storage.validate import IndexFormatError
+
+    _, folder = _pages_saved(tmp_path, monkeypatch)
+    pages = f4.chunk_pages(folder)
+    assert len(pages) >= 3
+    last_ref, last = pages[-1]
+    page = f4.json_blob(folder, last_ref)
+    want = f"store chunk page {len(pages) - 1}"
+    if damage == "crc":
+        path = f"{folder}/data/{last_ref[0]:08d}.pack"
+        with open(path, "r+b") as f:
+            f.seek(last_ref[1] + 10)
+            b = f.read(1)
+            f.seek(last_ref[1] + 10)
+            f.write(bytes([b[0] ^ 1]))
+    else:
+        if damage == "short":
+            page["chunks"] = page["chunks"][:-1]
+            want += ": 15 chunks, not 16"
+        elif damage == "prev":  # the chain ends a page early
+            page["prev"] = None
+            want = f"store chunk page {len(pages) - 2}: missing"
+        elif damage == "gap":
+            page["chunks"][3]["slots"][0] += 1
+            want += r": chunks\[3\] does not follow"
+        ref = f4.append_blob(folder, json.dumps(page).encode())
+        r = f4.root(folder)
+        r["chunk_pages"]["last"] = ref
+        if damage == "count":
+            r["chunk_pages"]["pages"] += 1
+            want = "store chunk page 0: missing"
+        f4.set_root(folder, r)
+    with pytest.raises(IndexFormatError, match=want):
+        MemoryIndex.load(folder)

@@ -12,7 +12,9 @@ A folder::
 A **blob** is a run of bytes in a pack, named by a *ref* ``[pack, offset, length,
 crc32]``; a commit's blobs are never changed once written, and a reader checks each
 blob's CRC-32.  The **root** (a JSON blob the pointer names) holds the settings, the
-log sequence number (LSN) the commit covers, the store's chunks, the questions' blob,
+log sequence number (LSN) the commit covers, the store's last chunks (the earlier
+ones in *chunk pages* of 16 entries, each written once and naming the page before it,
+so the root does not grow with the store), the questions' blob,
 and the two-level **directory** of conversations: 64 first-level pages of 64 leaves
 each, a conversation in the leaf its id hashes to (BLAKE2b), each leaf listing its
 conversations' entries ``[id, ordinal, pack, offset, length, crc32, sessions]`` (the
@@ -68,6 +70,12 @@ CHUNK_SLOTS = 1 << 15
 #: size and merges stop there, so that a memory opened on the folder reads (and checks)
 #: about this much the first time it needs a slot of a chunk
 CHUNK_BYTES = 2 << 20
+#: store chunk entries per chunk page: the root lists the last chunks (fewer than
+#: CHUNK_PAGE + CHUNK_FANIN), full pages of the earlier ones are written once, each
+#: naming the page before it, so a commit's root does not grow with the store
+CHUNK_PAGE = 16
+#: the most chunk pages a root may count (a hostile count is refused before any read)
+MAX_CHUNK_PAGES = 1 << 24
 #: a full commit replaces the packs once superseded blobs outweigh the live ones and
 #: take more than this many bytes
 GARBAGE_BYTES = 1 << 20
@@ -90,7 +98,10 @@ class Written:
         lsn: the log sequence number the commit covers.
         generation: the store numbering its chunks belong to (a compaction starts a new
             one: every blob is written again).
-        chunks: ``[{"ref", "slots": [a, b], "terms": [a, b]}]`` in order.
+        chunks: ``[{"ref", "slots": [a, b], "terms": [a, b]}]`` in order (those of
+            the chunk pages, then those the root lists).
+        chunk_pages: the refs of the chunk pages in order: page ``k`` lists
+            ``chunks[k * CHUNK_PAGE:(k + 1) * CHUNK_PAGE]``.
         questions: the questions blob's ref.
         packs: ``{pack: {"end", "live"}}``: each pack's committed end and live bytes.
         segments: conversation id → ``(segment version, entry)`` of the conversations
@@ -123,6 +134,7 @@ class Written:
     page_leaves: dict = field(default_factory=dict)
     conversations: int = 0
     directory: object = None
+    chunk_pages: list = field(default_factory=list)
 
     def page_leaf_refs(self, page: int) -> list:
         """The 64 leaf refs of first-level ``page`` in this commit."""
@@ -460,6 +472,23 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
             pages[page] = w.put(json_blob({"leaves": refs}))
         else:
             pages.pop(page, None)
+    # ---- the chunk list: pages of CHUNK_PAGE entries written once (those still equal
+    # to the new list's kept), the rest listed by the root
+    chunk_pages = [] if full else list(written.chunk_pages)
+    keep = 0
+    while keep < len(chunk_pages) and \
+            chunks[keep * CHUNK_PAGE:(keep + 1) * CHUNK_PAGE] == \
+            written.chunks[keep * CHUNK_PAGE:(keep + 1) * CHUNK_PAGE]:
+        keep += 1
+    for ref in chunk_pages[keep:]:  # a merge reached into them: listed again
+        w.drop(ref)
+    chunk_pages = chunk_pages[:keep]
+    listed = keep * CHUNK_PAGE
+    while len(chunks) - listed >= CHUNK_PAGE + CHUNK_FANIN:
+        chunk_pages.append(w.put(json_blob({
+            "prev": chunk_pages[-1] if chunk_pages else None,
+            "chunks": chunks[listed:listed + CHUNK_PAGE]})))
+        listed += CHUNK_PAGE
     # ---- questions (written once per store generation) and the root
     qref = written.questions
     if full or qref is None:
@@ -469,7 +498,9 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     root = dict(inp.header)
     root.update(format=FORMAT_NAME, version=FORMAT_VERSION, commit=commit, lsn=int(inp.lsn),
                 generation=int(t.generation), graphs=sorted(keys),
-                dim=t.dim, questions=qref, chunks=chunks,
+                dim=t.dim, questions=qref, chunks=chunks[listed:],
+                chunk_pages={"last": chunk_pages[-1] if chunk_pages else None,
+                             "pages": len(chunk_pages)},
                 directory={"conversations": n_conv, "next_ordinal": next_ordinal,
                            "pages": [pages.get(i) for i in range(_L1)]})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
@@ -488,7 +519,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                    chunks=chunks, questions=qref, packs=w.packs, segments=segments,
                    leaves=leaves, pages=pages, next_ordinal=next_ordinal,
                    page_leaves=page_leaves, conversations=n_conv,
-                   directory=None if full else written.directory)
+                   directory=None if full else written.directory, chunk_pages=chunk_pages)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -567,21 +598,68 @@ def _store(r: PackReader, chunks: list, where: str) -> tuple[dict, int, int]:
     return store_of(parts), expect_slot, expect_term
 
 
-def _follow(chunks: list, where: str) -> int:
-    """The root's chunks follow one another from slot 0 (checked without reading them);
-    the store's number of slots."""
-    expect_slot = expect_term = 0
+def _follow(chunks: list, where: str, start: tuple = (0, 0),
+            terms: bool = False) -> tuple[int, int]:
+    """The chunk entries ``chunks`` follow one another from ``start`` (a slot and a
+    vocabulary term; checked without reading the chunks; ``terms``: a store with a
+    vocabulary, whose chunks may add terms); the slot and term after the last."""
+    expect_slot, expect_term = start
     for i, c in enumerate(chunks):
-        slots, terms = _want(f"{where}: chunks[{i}]", c, "slots", list), \
+        slots, terms_ = _want(f"{where}: chunks[{i}]", c, "slots", list), \
             _want(f"{where}: chunks[{i}]", c, "terms", list)
-        if slots[:1] != [expect_slot] or terms[:1] != [expect_term] or len(slots) != 2 \
-                or len(terms) != 2 or type(slots[1]) is not int or slots[1] < slots[0] \
-                or terms[1] != terms[0]:
+        if slots[:1] != [expect_slot] or terms_[:1] != [expect_term] or len(slots) != 2 \
+                or len(terms_) != 2 or type(slots[1]) is not int or slots[1] < slots[0] \
+                or type(terms_[1]) is not int or terms_[1] < terms_[0] \
+                or (not terms and terms_[1] != terms_[0]):
             raise IndexFormatError(f"{where}: chunks[{i}] does not follow the previous one "
                                    "(slots or terms)")
         _want(f"{where}: chunks[{i}]", c, "ref", list)
-        expect_slot, expect_term = slots[1], terms[1]
-    return expect_slot
+        expect_slot, expect_term = slots[1], terms_[1]
+    return expect_slot, expect_term
+
+
+def _chunk_pages(r: PackReader, root: dict, where: str) -> tuple[list, list]:
+    """``(page refs, chunk entries)`` of the root's chunk pages, in order, each page
+    read (CRC-32) and checked: ``{"prev", "chunks"}``, :data:`CHUNK_PAGE` entries that
+    follow one another from the previous page's; the first page names none before it.
+    A root without ``chunk_pages`` (written before chunk pages) lists every chunk."""
+    if "chunk_pages" not in root:
+        return [], []
+    cp = _want(where, root, "chunk_pages", dict)
+    n = _want(f"{where}: chunk_pages", cp, "pages", int)
+    if not 0 <= n <= MAX_CHUNK_PAGES:
+        raise IndexFormatError(f"{where}: chunk_pages: field 'pages': {n} is out of range")
+    if "last" not in cp:
+        raise IndexFormatError(f"{where}: chunk_pages: field 'last': missing")
+    if set(cp) != {"last", "pages"}:
+        raise IndexFormatError(f"{where}: chunk_pages: unknown fields "
+                               f"{sorted(set(cp) - {'last', 'pages'})[:4]}")
+    refs, pages, ref = [], [], cp["last"]
+    for k in range(n - 1, -1, -1):
+        what = f"store chunk page {k}"
+        if ref is None:
+            raise IndexFormatError(f"{where}: {what}: missing (the root counts {n} pages)")
+        doc = r.json(ref, what)
+        at = f"{r.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
+        entries = _want(at, doc, "chunks", list)
+        if "prev" not in doc or set(doc) != {"prev", "chunks"}:
+            raise IndexFormatError(f"{at}: expected the fields 'prev' and 'chunks'")
+        if len(entries) != CHUNK_PAGE:
+            raise IndexFormatError(f"{at}: {len(entries)} chunks, not {CHUNK_PAGE}")
+        refs.append(ref)
+        pages.append((at, entries))
+        ref = doc["prev"]
+    if ref is not None:
+        raise IndexFormatError(f"{where}: store chunk page 0 names a page before it (the "
+                               f"root counts {n} pages)")
+    refs.reverse()
+    pages.reverse()
+    out: list = []
+    at_end = (0, 0)
+    for at, entries in pages:
+        at_end = _follow(entries, at, at_end, terms=root.get("lexical") is not None)
+        out += entries
+    return refs, out
 
 
 def store_of(parts: list) -> dict:
@@ -651,7 +729,8 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
                    ("directory", dict), ("packs", dict), ("params", dict), ("config", dict),
                    ("dim", int)):
         _want(where, root, k, typ)
-    chunks = root["chunks"]
+    page_refs, chunks = _chunk_pages(r, root, where)
+    chunks = chunks + root["chunks"]
     if not chunks:
         raise IndexFormatError(f"{where}: field 'chunks': empty")
     from .directory import Directory
@@ -665,7 +744,9 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
             raise IndexFormatError(f"{where}: field 'lexical': the header and the store "
                                    "disagree on lexical documents")
 
-        n_slots, n_terms = _follow(chunks, where), 0
+        paged = len(chunks) - len(root["chunks"])
+        start = (chunks[paged - 1]["slots"][1], 0) if paged else (0, 0)
+        n_slots, n_terms = _follow(root["chunks"], where, start)[0], 0
         store = ChunkedStore(directory.reader, chunks,
                              {k: root.get(k) for k in ("dim", "tables", "lexical")}, where)
     else:
@@ -681,6 +762,7 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
     header["n_slots"], header["n_terms"] = n_slots, n_terms
     written = Written(commit=root["commit"], root=pointer["root"], lsn=root["lsn"],
                       generation=root["generation"], chunks=list(chunks),
+                      chunk_pages=page_refs,
                       questions=root.get("questions"),
                       packs={int(k): dict(v) for k, v in root["packs"].items()},
                       pages={i: p for i, p in enumerate(directory.pages) if p is not None},
