@@ -21,7 +21,8 @@ the script's writes, built once.
 The default run takes every crash point of the first open and of the writes of
 several sessions, the first of every step and every K-th point elsewhere, and every
 other full-disk point (and the first of every step);
-``-m slow`` runs them all.  Five bugs of the format-3 code were found here (a crash in
+``-m slow`` runs them all.  The store's chunk pages are of one chunk and merges take
+two, so that the script's commits write a chunk page.  Five bugs of the format-3 code were found here (a crash in
 the first open, a full disk during an automatic checkpoint, a failed open keeping the
 log's lock, a new folder not fsync'd in its parent, a replaced manifest unlinked
 without a folder fsync); each has a test of its own below.
@@ -89,6 +90,39 @@ K = 4
 
 
 # ---------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module", autouse=True)
+def chunk_pages_in_every_commit():
+    """Store chunk pages of one chunk, merges of two chunks: the script's commits write
+    a chunk page, so crash points fall among those writes too (with the defaults,
+    pages of 16, a memory this small writes none)."""
+    from memgas_gpu.storage import commit
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(commit, "CHUNK_PAGE", 1)
+        mp.setattr(commit, "CHUNK_FANIN", 2)
+        yield
+
+
+def test_the_script_writes_chunk_pages(tmp_path, enc, monkeypatch):
+    """The script's commits write a chunk page and a later commit lists its chunks
+    without it (the crash points then fall among those writes)."""
+    from memgas_gpu.storage import commit
+
+    pages = []
+    put = commit.json_blob
+
+    def recording(value):
+        if isinstance(value, dict) and "chunk_pages" in value:
+            pages.append(value["chunk_pages"]["pages"])
+        return put(value)
+
+    monkeypatch.setattr(commit, "json_blob", recording)
+    prog = run_script(tmp_path / "m", enc)
+    prog.mems[-1].close()
+    assert prog.error is None and prog.step == len(SCRIPT), prog.error
+    assert 0 in pages[pages.index(1):], pages
+
+
 class _Memo:
     """An encoder that encodes each distinct input once (the script runs hundreds of
     times; the embeddings are the tiny encoder's own)."""
