@@ -67,6 +67,32 @@ def directory(folder) -> dict:
     return out
 
 
+#: chunk entries per chunk page
+CHUNK_PAGE = 16
+
+
+def chunk_pages(folder) -> list:
+    """``[(ref, entries)]`` of the current commit's chunk pages, first to last: the root's
+    ``chunk_pages`` names the last page and their number, each page ``{"prev",
+    "chunks"}`` the page before it (None for the first) and its 16 chunk entries."""
+    cp = root(folder).get("chunk_pages", {"last": None, "pages": 0})
+    out, ref = [], cp["last"]
+    for _ in range(cp["pages"]):
+        page = json_blob(folder, ref)
+        assert sorted(page) == ["chunks", "prev"] and len(page["chunks"]) == CHUNK_PAGE, ref
+        out.append((ref, page["chunks"]))
+        ref = page["prev"]
+    assert ref is None, "the first page names no page before it"
+    return out[::-1]
+
+
+def chunks(folder) -> list:
+    """Every chunk entry ``{"ref", "slots", "terms"}`` of the current commit, in order:
+    those of the chunk pages, then those the root lists."""
+    out = [e for _, entries in chunk_pages(folder) for e in entries]
+    return out + root(folder)["chunks"]
+
+
 def pack_sizes(folder) -> dict:
     """``{pack id: bytes}`` of the packs in the folder."""
     d = Path(folder) / "data"
@@ -105,7 +131,8 @@ def commit_blobs(folder) -> list:
     ptr = pointer(folder)
     r = json_blob(folder, ptr["root"])
     out = [("root", ptr["root"])]
-    out += [(f"chunk {i}", c["ref"]) for i, c in enumerate(r["chunks"])]
+    out += [(f"chunk page {k}", ref) for k, (ref, _) in enumerate(chunk_pages(folder))]
+    out += [(f"chunk {i}", c["ref"]) for i, c in enumerate(chunks(folder))]
     out.append(("questions", r["questions"]))
     for i, pref in enumerate(r["directory"]["pages"]):
         if pref is None:
@@ -355,7 +382,8 @@ def set_root(folder, new_root=None, raw: bytes = None) -> list:
 
 def rewrite(folder, root_edit=None, chunks=None, segments=None, questions=None) -> None:
     """Write a new commit of ``folder`` where the given blobs are replaced, each CRC-32
-    recomputed: ``chunks`` ``{index: bytes}``, ``segments`` ``{conversation id: bytes}``
+    recomputed: ``chunks`` ``{index: bytes}`` (an index into the chunks the root
+    lists), ``segments`` ``{conversation id: bytes}``
     (the directory entry's session count follows the blob's ``slots``; its leaf and page
     are written again), ``questions`` bytes; then ``root_edit(root)`` (a function that
     changes the root in place) and the pointer moved to the new root."""
@@ -384,7 +412,10 @@ def rewrite(folder, root_edit=None, chunks=None, segments=None, questions=None) 
 
 
 def edit_chunk(folder, i: int, edit) -> None:
-    """``edit(tensors, meta)`` on store chunk ``i`` (in place), written as a new commit."""
+    """``edit(tensors, meta)`` on store chunk ``i`` (in place; one the root lists),
+    written as a new commit."""
+    assert "chunk_pages" not in root(folder) or root(folder)["chunk_pages"]["pages"] == 0, \
+        "edit_chunk edits the chunks a root lists; this folder has chunk pages"
     t, m = blob_tensors(folder, root(folder)["chunks"][i]["ref"])
     edit(t, m)
     rewrite(folder, chunks={i: tensor_blob(t, m)})

@@ -162,9 +162,10 @@ def assert_tidy(folder: Path, what: str = "") -> dict:
 
 
 def _commit_state(folder: Path) -> dict:
-    """The pointer, root and directory of the current commit, and every pack's bytes."""
+    """The pointer, root, store chunks and directory of the current commit, and every
+    pack's bytes."""
     return {"pointer": f4.pointer(folder), "root": f4.root(folder),
-            "dir": f4.directory(folder),
+            "chunks": f4.chunks(folder), "dir": f4.directory(folder),
             "packs": {k: (folder / "data" / f"{k:08d}.pack").read_bytes()
                       for k in f4.pack_sizes(folder)}}
 
@@ -202,9 +203,9 @@ def assert_wrote_what_changed(folder: Path, before: dict, cid: str, sessions: in
     r0, r1 = before["root"], after["root"]
     assert r1["generation"] == r0["generation"], f"{what}: a new store generation"
     assert r1["questions"] == r0["questions"], f"{what}: the questions were written again"
-    assert r1["chunks"][:len(r0["chunks"])] == r0["chunks"], \
-        f"{what}: the store chunks before were not kept"
-    new_chunks = r1["chunks"][len(r0["chunks"]):]
+    c0, c1 = before["chunks"], after["chunks"]
+    assert c1[:len(c0)] == c0, f"{what}: the store chunks before were not kept"
+    new_chunks = c1[len(c0):]
     assert [c["slots"] for c in new_chunks] == [slots], (what, new_chunks)
     appended = _appended(before, folder)
     path = f4.path_of(folder, cid)
@@ -309,7 +310,7 @@ def test_the_first_checkpoint_after_a_reopen_writes_what_changed(tmp_path, enc):
     mem.checkpoint()  # nothing changed: a root only
     now = _commit_state(folder)
     assert now["pointer"]["commit"] == state["pointer"]["commit"] + 1
-    assert now["dir"] == state["dir"] and now["root"]["chunks"] == state["root"]["chunks"]
+    assert now["dir"] == state["dir"] and now["chunks"] == state["chunks"]
     assert _appended(state, folder) == now["pointer"]["root"][2], "an idle checkpoint " \
         "wrote more than a root"
     assert_tidy(folder, "an idle checkpoint")
@@ -337,7 +338,7 @@ def test_the_checkpoint_after_a_replayed_log_writes_what_changed(tmp_path, enc):
     _n_conversations(mem, 10, enc)
     mem.checkpoint()
     state = _commit_state(folder)
-    n_slots = state["root"]["chunks"][-1]["slots"][1]
+    n_slots = state["chunks"][-1]["slots"][1]
     _add(mem, "c4", 6, enc, summary="a new one")
     mem.abandon()  # killed: the add is in the log only
     last = f4.log_records(folder)[-1][0]

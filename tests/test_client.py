@@ -370,14 +370,17 @@ SERVER_SIDE = {"add_session": {"encoder"}, "add_sessions": {"encoder"},
                "replace_session": {"encoder"}}
 #: the memory's public names that make no sense over HTTP: building, opening and saving
 #: a memory, its encoder, device and tensors, its internal views and counters (the
-#: server's, not a tenant's), and ``search_many`` (per-request settings in one encoder
-#: batch: one search request carries one set of settings)
+#: server's, not a tenant's), ``search_many`` (per-request settings in one encoder
+#: batch: one search request carries one set of settings), and what the memory keeps
+#: in RAM of its folder (``conversation_ids``: every id without reading a segment, the
+#: server's whole memory; ``residency``, ``drop_resident``: the server process's RAM)
 NOT_OVER_HTTP = {
     "build", "open", "load", "save", "saving", "from_parts", "folder", "snapshot", "state",
     "view", "version", "clear_cache", "commit_input", "use_encoder", "query_encoder",
     "dim", "build_params", "log_stats", "n_conversations", "n_rows", "conversation_index",
     "graph_keys_of", "saved_graph_keys", "q_conv", "question_conversation_ids",
-    "question_view", "retrieve", "search_many"}
+    "question_view", "retrieve", "search_many", "conversation_ids", "residency",
+    "drop_resident"}
 #: the client's own: the server's URL and one conversation's summary
 #: (``GET /v1/conversations/{cid}``)
 CLIENT_ONLY = {"url", "conversation"}

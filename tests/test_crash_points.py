@@ -8,7 +8,11 @@ and of the write in flight all or nothing (an ``add_sessions`` of several sessio
 one write: all of its sessions or none).  The same script under a full disk (ENOSPC
 from the n-th write or fsync): a write that raised is absent after a reopen, the
 acknowledged ones present, the folder opens, in the same process (a failed open lets
-the folder go).
+the folder go).  Eviction is on: the memory reopened halfway keeps nothing it reads from
+the folder (``max_resident_bytes=0``: its writes, its commits and its last compaction
+read every conversation again from the packs), and a memory opened on a crashed folder
+keeps a segment or two, while ``MemoryIndex.load``, which must agree with it, keeps
+everything.
 
 Oracle: a fresh in-RAM memory given the same writes (per conversation: session ids,
 dates, metadata, turn texts, embeddings and the association graph), one per prefix of
@@ -17,7 +21,8 @@ the script's writes, built once.
 The default run takes every crash point of the first open and of the writes of
 several sessions, the first of every step and every K-th point elsewhere, and every
 other full-disk point (and the first of every step);
-``-m slow`` runs them all.  Five bugs of the format-3 code were found here (a crash in
+``-m slow`` runs them all.  The store's chunk pages are of one chunk and merges take
+two, so that the script's commits write a chunk page.  Five bugs of the format-3 code were found here (a crash in
 the first open, a full disk during an automatic checkpoint, a failed open keeping the
 log's lock, a new folder not fsync'd in its parent, a replaced manifest unlinked
 without a folder fsync); each has a test of its own below.
@@ -25,6 +30,7 @@ without a folder fsync); each has a test of its own below.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import tempfile
@@ -63,12 +69,18 @@ SCRIPT = [
     ("add", "C", 5, 0, None),  # C again: A's s4, shared
     ("compact",),  # drops the first s1 and C's first session from the store
     ("close",),
-    ("reopen", {"checkpoint_bytes": 1}),  # from here every write commits by itself
+    # from here every write commits by itself, and nothing read from the folder is kept
+    ("reopen", {"checkpoint_bytes": 1, "max_resident_bytes": 0}),
     ("batch", "D", [7, 2], 3),
     ("add", "B", 3, 2, None),  # A's s2, shared
     ("replace", "D", 0, 0, None),  # D's s1 (the violin lesson) becomes POOL[0]'s
     ("remove", "B", "s5"),
+    ("compact",),  # a full commit: A and C read again from the old commit's packs
 ]
+#: what the memories opened on crashed folders keep of what they read (a segment or
+#: two: the others are read again when the checks need them)
+MAX_RESIDENT = 4096
+REOPEN = next(i for i, s in enumerate(SCRIPT) if s[0] == "reopen")
 DATA_OPS = [s for s in SCRIPT if s[0] in ("add", "batch", "replace", "remove", "forget")]
 #: script steps whose every crash point the default run takes (the first open, and the
 #: writes of several sessions: all or nothing)
@@ -78,6 +90,39 @@ K = 4
 
 
 # ---------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module", autouse=True)
+def chunk_pages_in_every_commit():
+    """Store chunk pages of one chunk, merges of two chunks: the script's commits write
+    a chunk page, so crash points fall among those writes too (with the defaults,
+    pages of 16, a memory this small writes none)."""
+    from memgas_gpu.storage import commit
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(commit, "CHUNK_PAGE", 1)
+        mp.setattr(commit, "CHUNK_FANIN", 2)
+        yield
+
+
+def test_the_script_writes_chunk_pages(tmp_path, enc, monkeypatch):
+    """The script's commits write a chunk page and a later commit lists its chunks
+    without it (the crash points then fall among those writes)."""
+    from memgas_gpu.storage import commit
+
+    pages = []
+    put = commit.json_blob
+
+    def recording(value):
+        if isinstance(value, dict) and "chunk_pages" in value:
+            pages.append(value["chunk_pages"]["pages"])
+        return put(value)
+
+    monkeypatch.setattr(commit, "json_blob", recording)
+    prog = run_script(tmp_path / "m", enc)
+    prog.mems[-1].close()
+    assert prog.error is None and prog.step == len(SCRIPT), prog.error
+    assert 0 in pages[pages.index(1):], pages
+
+
 class _Memo:
     """An encoder that encodes each distinct input once (the script runs hundreds of
     times; the embeddings are the tiny encoder's own)."""
@@ -256,11 +301,29 @@ def abandon(prog: Progress, logs: _Logs) -> None:
     logs.release()
 
 
+def let_go(prog: Progress, rec: FSRecorder) -> None:
+    """Close the descriptors a run left open that no object holds any more.  The run's
+    memories and the frames of what stopped it are dropped and collected first, so an
+    object that still holds a file (a commit's pack reader, open for the memory's
+    life) closes it itself: closed here by its number, the object would close, when
+    the collector gets to it, whatever file a later run had opened under that number."""
+    prog.mems.clear()
+    e, seen = prog.error, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    gc.collect()
+    for fd in rec.leaked_fds():
+        os.close(fd)
+
+
 class Verdict(NamedTuple):
-    """What is wrong with a folder: ``kind`` is "open" (refused), "load" (refused after
-    an open), "disagree" (load and open differ), "lost" (it holds neither the
-    acknowledged writes nor those and the one in flight: a write half there is lost),
-    "raised" (it holds a write that raised: acknowledged as failed, yet there)."""
+    """What is wrong with a folder: ``kind`` is "open" (refused), "read" (opened, then
+    refused when its conversations were read), "load" (refused after an open),
+    "disagree" (load and open differ), "lost" (it holds neither the acknowledged writes
+    nor those and the one in flight: a write half there is lost), "raised" (it holds a
+    write that raised: acknowledged as failed, yet there)."""
 
     kind: str
     message: str
@@ -274,13 +337,17 @@ def check_folder(path: Path, enc, oracle: list, prog: Progress,
     logs = _Logs()
     with logs, FSRecorder(path, real_fsync=False):  # the model's fsyncs only: faster
         try:
-            mem = MemoryIndex.open(path, encoder=enc)
+            mem = MemoryIndex.open(path, encoder=enc, max_resident_bytes=MAX_RESIDENT)
         except Exception as e:  # noqa: BLE001 - reported
             logs.release()
             return Verdict("open", f"{type(e).__name__}: "
                                    f"{' '.join(str(e).split())[:300]}"), None
     try:
-        got = summary(mem)
+        try:  # the conversations are read here, when first needed
+            got = summary(mem)
+        except Exception as e:  # noqa: BLE001 - reported
+            return Verdict("read", f"{type(e).__name__}: "
+                                   f"{' '.join(str(e).split())[:300]}"), None
         try:
             loaded = summary(MemoryIndex.load(path))
         except Exception as e:  # noqa: BLE001 - reported
@@ -318,8 +385,10 @@ def count_points(tmp: Path, enc, ops=CRASH_OPS) -> list[int]:
     folder.mkdir(parents=True)
     with _Logs() as logs, FSRecorder(folder, real_fsync=False) as rec:
         prog = run_script(folder, enc, rec)
+        evicted = prog.mems[-1].residency()["evictions"] if prog.mems else 0
         abandon(prog, logs)
     assert prog.step == len(SCRIPT), prog.error
+    assert evicted > 0, "the reopened memory dropped nothing it read from the folder"
     end = rec.first("note", "end")
     steps = [step_of(rec, i) for i, e in enumerate(rec.events[:end]) if e.op in ops]
     shutil.rmtree(tmp / "count")
@@ -350,7 +419,9 @@ def _tree(folder: Path) -> dict:
 
 def crash_sweep(tmp: Path, enc, oracle: list, points) -> list[Outcome]:
     """Crash the script at each of ``points``; check what a kill and a power loss (and a
-    power loss that tears the appends not synced, where that differs) leave."""
+    power loss that tears the appends not synced, where that differs) leave.  A point
+    past the script's last call ends the sweep: what a kill and a power loss leave
+    after the script ran to its end is checked (event ``("end", ...)``) as well."""
     out = []
     for n in points:
         base = tmp / f"crash-{n}"
@@ -359,10 +430,17 @@ def crash_sweep(tmp: Path, enc, oracle: list, points) -> list[Outcome]:
         with _Logs() as logs, FSRecorder(folder, real_fsync=False) as rec:
             rec.crash_at(n, base / "states", tear=0.5)
             prog = run_script(folder, enc, rec)
+            if rec.crash is None and prog.error is None:  # every write acknowledged
+                end = [("kill", rec.kill_state(base / "end" / "kill")),
+                       ("power", rec.power_loss_state(base / "end" / "power"))]
             abandon(prog, logs)
-            for fd in rec.leaked_fds():
-                os.close(fd)
+            let_go(prog, rec)
         if rec.crash is None:
+            assert prog.error is None, prog.error
+            for kind, path in end:
+                verdict, held = check_folder(path, enc, oracle, prog)
+                out.append(Outcome(n, len(SCRIPT) - 1, ("end", ".", None), kind, verdict,
+                                   held, prog.acked))
             shutil.rmtree(base)
             break
         assert isinstance(prog.error, SimulatedCrash), prog.error
@@ -405,8 +483,7 @@ def disk_sweep(tmp: Path, enc, oracle: list, points, ops=("write", "fsync")) -> 
                 kept = verdict is not None and verdict.kind == "open" and \
                     "open for writing" in verdict.message
                 logs.release()
-                for fd in rec.leaked_fds():
-                    os.close(fd)
+                let_go(prog, rec)
                 if kept:  # what else is wrong once the kept log is let go
                     verdict, held = check_folder(folder, enc, oracle, prog, raised=True)
         if not rec.failures:
@@ -443,7 +520,8 @@ def crash_outcomes(tmp_path_factory, enc, oracle, sweeps) -> list[Outcome]:
     tmp = tmp_path_factory.mktemp("crash")
     out = crash_sweep(tmp, enc, oracle, points + [len(steps) + 1])
     shutil.rmtree(tmp)
-    assert {o.n for o in out} == set(points)  # every point reached, and no point past them
+    # every point reached, and no point past them: the script then ran to its end
+    assert {o.n for o in out} == set(points) | {len(steps) + 1}
     return out
 
 
@@ -471,7 +549,8 @@ def test_every_crash_point_keeps_the_acknowledged_writes(crash_outcomes):
     """Kill and power loss at each crash point (default run: the first open and the
     writes of several sessions whole, every K-th point elsewhere): the folder opens,
     load agrees with open, every acknowledged write is there and the write in flight
-    entirely or not at all."""
+    entirely or not at all; and after a kill or a power loss once the script ended
+    (its last step a compaction of a memory that keeps nothing resident), every write."""
     assert len(crash_outcomes) >= 100
     assert {o.state for o in crash_outcomes} == {"kill", "power", "torn"}
     assert {SCRIPT[o.step][0] for o in crash_outcomes} == {s[0] for s in SCRIPT}
@@ -521,8 +600,8 @@ def test_a_write_that_raises_for_a_full_disk_is_absent(disk_outcomes):
     raised = [o for o in writes if o.error is not None]
     assert raised and not _wrong(raised), "\n".join(_wrong(raised))
     assert all(o.held == o.acked for o in raised)
-    committing = [o for o in writes if SCRIPT.index(("reopen", {"checkpoint_bytes": 1}))
-                  < o.step and (o.event[1].startswith("data/") or "manifest" in o.event[1])]
+    committing = [o for o in writes if REOPEN < o.step and
+                  (o.event[1].startswith("data/") or "manifest" in o.event[1])]
     assert committing, "no full disk hit an automatic commit"
     assert [str(o) for o in committing if o.error is not None] == []
     assert not _wrong(committing), "\n".join(_wrong(committing))
@@ -544,7 +623,8 @@ def test_every_crash_point_and_full_disk_point(tmp_path, enc, oracle, sweeps):
     """Every crash point and every full-disk point of the script."""
     crash = crash_sweep(tmp_path, enc, oracle, range(1, len(sweeps["crash"]) + 2))
     disk = disk_sweep(tmp_path, enc, oracle, range(1, len(sweeps["disk"]) + 2))
-    assert len(crash) >= 2 * len(sweeps["crash"]) and len(disk) == len(sweeps["disk"])
+    assert len(crash) >= 2 * len(sweeps["crash"]) + 2 and len(disk) == len(sweeps["disk"])
+    assert {o.n for o in crash} == set(range(1, len(sweeps["crash"]) + 2))
     print(f"{len(sweeps['crash'])} crash points ({len(crash)} states), "
           f"{len(disk)} full-disk points")
     bad = _wrong(crash + disk)

@@ -364,7 +364,7 @@ def test_a_commit_after_a_reopen_appends_the_changed_conversation_only(tmp_path,
     back = MemoryIndex.open(folder, encoder=enc)
     assert back.recovery["replayed"] == 0
     before, sizes = f4.directory(folder), f4.pack_sizes(folder)
-    chunks_before = len(f4.root(folder)["chunks"])
+    chunks_before = len(f4.chunks(folder))
     _add(back, "c3", 6, enc)
     with FSRecorder(folder) as rec:
         back.checkpoint()
@@ -377,7 +377,7 @@ def test_a_commit_after_a_reopen_appends_the_changed_conversation_only(tmp_path,
     on_path = f4.path_of(folder, "c3")
     new = {"root": f4.pointer(folder)["root"], "segment": on_path["segment"],
            "leaf": on_path["leaf"], "page": on_path["page"]}
-    assert len(root["chunks"]) == chunks_before + 1, "one chunk of the new slot"
+    assert len(f4.chunks(folder)) == chunks_before + 1, "one chunk of the new slot"
     new["chunk"] = root["chunks"][-1]["ref"]
     laid = sorted(new.items(), key=lambda kv: kv[1][1])
     at = sizes[pack]

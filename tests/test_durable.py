@@ -238,7 +238,7 @@ def test_a_checkpoint_after_one_write_writes_what_changed(tmp_path, enc):
     appended = sum(grown.values()) - sum(sizes.values())
     seg = after["c7"][4]
     root = f4.pointer(tmp_path / "m")["root"][2]
-    chunk = f4.root(tmp_path / "m")["chunks"][-1]["ref"][2]
+    chunk = f4.chunks(tmp_path / "m")[-1]["ref"][2]
     # segment + chunk + root + a leaf and a page (a few entries each)
     assert appended <= seg + chunk + root + 4096, (appended, seg, chunk, root)
     assert sum(grown.values()) > 10 * appended
@@ -409,7 +409,7 @@ def test_chunks_of_one_size_are_merged(tmp_path, enc, monkeypatch):
         _add(mem, "A", p, enc)
         mem.checkpoint()
         counts.append([c["slots"][1] - c["slots"][0]
-                       for c in f4.root(tmp_path / "m")["chunks"]])
+                       for c in f4.chunks(tmp_path / "m")])
     # the empty first chunk, then one per checkpoint; three of one size class (slots < 3:
     # class 0; 3 to 8: class 1) merged into one
     assert counts == [[0, 1], [2], [2, 1], [4], [4, 1], [4, 1, 1]], counts
@@ -454,3 +454,35 @@ def test_the_order_of_conversations_survives_forget_and_add_again(tmp_path, enc)
     mem.abandon()
     assert [c.id for c in MemoryIndex.open(tmp_path / "m", encoder=enc).conversations] == \
         ["C", "D", "B", "A", "E"]
+
+
+def test_a_merge_into_a_chunk_page_lists_its_chunks_again(tmp_path, enc, monkeypatch):
+    """Chunk pages (here of 2 entries, merges of 2 chunks) are written once; when a
+    merge takes a chunk a page lists, that page is dropped and the new commit's pages
+    and root list the merged chunk instead (read with the independent reader: every
+    slot once, end to end), and the memory reads back the same."""
+    import _format4 as f4
+    from memgas_gpu.storage import commit
+
+    monkeypatch.setattr(commit, "CHUNK_FANIN", 2)
+    monkeypatch.setattr(commit, "CHUNK_PAGE", 2)
+    monkeypatch.setattr(f4, "CHUNK_PAGE", 2)
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    pages, dropped = [], 0
+    for p in range(23):  # pages at 14 and 22; the merge at 15 takes the first
+        mem.add_session("A", Session(f"x{p}", "2023-06-01", (f"[user]: note {p} on roses",)),
+                        encoder=enc)
+        mem.checkpoint()
+        now = [ref for ref, _ in f4.chunk_pages(tmp_path / "m")]
+        kept = [r for r in now if r in pages]
+        assert kept == now[:len(kept)], "a page kept after one written again"
+        dropped += len(pages) - len(kept)
+        pages = now
+        every = f4.chunks(tmp_path / "m")
+        assert every[0]["slots"][0] == 0 and every[-1]["slots"][1] == p + 1, every
+        assert all(a["slots"][1] == b["slots"][0] for a, b in zip(every, every[1:]))
+        assert len(f4.root(tmp_path / "m")["chunks"]) < 2 + 2
+    assert dropped > 0 and pages, "no merge reached into a page"
+    back = MemoryIndex.load(tmp_path / "m")
+    same_memory(back, mem, enc)
+    mem.close()

@@ -32,7 +32,14 @@ from memgas_gpu.bench.data import index_from_nodes
 from memgas_gpu.retrieve import IndexFormatError, MemoryIndex, retrieve
 from memgas_gpu.storage.folder import folder_format, save_index
 
-load_index = MemoryIndex.load
+def load_index(path):
+    """Load a folder and read all of it: a memory opened on a format-4 folder reads each
+    conversation and store chunk (and refuses a damaged one) the first time a read
+    needs it (docs/index-format.md, "Reading a folder lazily"); a whole snapshot needs
+    every one."""
+    idx = MemoryIndex.load(path)
+    idx.snapshot()
+    return idx
 
 
 @pytest.fixture(scope="module")

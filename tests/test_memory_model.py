@@ -231,6 +231,23 @@ class DurableMachine(MemoryMachine):
         self.compacted = False
 
     @rule()
+    def evict_everything(self):
+        """Every segment and store chunk read from the folder dropped: the next reads
+        and writes read them again from their files."""
+        self.mem.drop_resident()
+        assert self.mem.residency()["resident_bytes"] == 0
+
+    @rule()
+    def reopen_keeping_nothing(self):
+        """Reopened with no room for what it reads: every segment and chunk is dropped as
+        soon as it is read (searches, writes, the view cache and batch views work on
+        what they hold)."""
+        self.mem.close()
+        self.mem = MemoryIndex.open(self.folder, encoder=self.enc, checkpoint_bytes=1 << 14,
+                                    max_resident_bytes=0)
+        self.compacted = False
+
+    @rule()
     def save_and_load(self):
         """A copy saved elsewhere loads as the same memory; the folder's memory goes on."""
         self.saves += 1

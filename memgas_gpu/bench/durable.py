@@ -154,7 +154,7 @@ def checkpoint_point(idx, enc, session, tmp: str, label: dict, rounds: int = 7,
         mem.checkpoint()
         times.append(time.perf_counter() - t0)
         written.append(mem.storage_stats()["last_commit_bytes"])
-        segs.append(read_commit(folder)[1].segments[cid][1][4])  # its entry's length
+        segs.append(read_commit(folder)[1].entry(cid)[4])  # its entry's length
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     mem.close()
     shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,7 @@
 """A memory of many conversations on disk (``memgas bench --stages scale``): what
 opening it costs, what it holds in RAM, the first search of a conversation no read has
-touched (cold) against a second one (warm), and what a checkpoint after one add writes,
+touched (cold) against a second one (warm), the first add after the open (with its
+encoding), and what a checkpoint after one add writes,
 at 1,000 / 10,000 / 100,000 conversations.
 
 The folders are written through the library in one piece (``MemoryIndex`` of random
@@ -110,20 +111,51 @@ def measure(folder: str, encoder_dir: str, searches: int = 20) -> dict:
     gc.collect()
     rss_search = _rss() - rss0
     cid = ids[0]
+    t = time.perf_counter()  # the first write after the open
     mem.add_session(cid, Session("added", "2024-12-01", ("[user]: a new one",)),
                     summary="a new one", keywords="new", encoder=enc)
+    add_s = time.perf_counter() - t
     t = time.perf_counter()
     mem.checkpoint()
     ckpt_s = time.perf_counter() - t
     ckpt_bytes = mem.storage_stats()["last_commit_bytes"]
+    residency = mem.residency() if hasattr(mem, "residency") else None
     mem.close()
     files = sum(1 for p in Path(folder).rglob("*") if p.is_file())
     enc_s = sorted(q_emb_s)[len(q_emb_s) // 2]
     med = (lambda xs: sorted(xs)[len(xs) // 2])
     return {"open_s": open_s, "rss_open": rss_open, "rss_after_searches": rss_search,
             "cold_ms": 1e3 * (med(cold) - enc_s), "warm_ms": 1e3 * (med(warm) - enc_s),
-            "encode_ms": 1e3 * enc_s, "checkpoint_s": ckpt_s,
-            "checkpoint_bytes": ckpt_bytes, "files": files}
+            "encode_ms": 1e3 * enc_s, "first_add_s": add_s, "checkpoint_s": ckpt_s,
+            "checkpoint_bytes": ckpt_bytes, "files": files, "residency": residency}
+
+
+def stream(folder: str, encoder_dir: str, max_resident_bytes: int, batch: int = 64) -> dict:
+    """In this (fresh) process: open the folder read-only with ``max_resident_bytes``,
+    then search every conversation once (``batch`` conversations per
+    ``search_many``), sampling the RSS it added after each batch; ``{"rss_peak",
+    "rss_end", "seconds", "residency"}``."""
+    from ..encode import Encoder
+    from ..memory.index import MemoryIndex
+    from ..retrieve.search import SearchRequest
+
+    enc = Encoder(encoder_dir, device="cpu", max_length=64)
+    enc.encode(["warm up the encoder"], progress=False)
+    import gc
+
+    gc.collect()
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    mem = MemoryIndex.open(folder, readonly=True, max_resident_bytes=max_resident_bytes)
+    ids = mem.conversation_ids()
+    peak = 0
+    for a in range(0, len(ids), batch):
+        reqs = [SearchRequest(c, ["what did I say about the garden?"], 3, "memgas")
+                for c in ids[a:a + batch]]
+        mem.search_many(reqs, encoder=enc, device="cpu")
+        peak = max(peak, _rss() - rss0)
+    return {"rss_peak": peak, "rss_end": _rss() - rss0,
+            "seconds": time.perf_counter() - t0, "residency": mem.residency()}
 
 
 def scale_points(counts, tmp: str, encoder_dir: str, sessions: int = 5,
@@ -134,7 +166,9 @@ def scale_points(counts, tmp: str, encoder_dir: str, sessions: int = 5,
     for n in counts:
         folder = str(Path(tmp) / f"scale-{n}")
         built = build_folder(folder, n, sessions)
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        root = str(Path(__file__).resolve().parents[2])  # this memgas_gpu, not another
+        env = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         res = subprocess.run([sys.executable, "-m", "memgas_gpu.bench.scale", "measure",
                               folder, encoder_dir], capture_output=True, text=True, env=env,
                              timeout=3600)
@@ -143,7 +177,8 @@ def scale_points(counts, tmp: str, encoder_dir: str, sessions: int = 5,
         m = json.loads(res.stdout.strip().splitlines()[-1])
         m.update(built_s=built["seconds"], folder_bytes=built["bytes"])
         log(f"  scale {n} conversations: open {m['open_s']:.3f} s, +{m['rss_open'] / 2**20:.1f} "
-            f"MB RSS, cold {m['cold_ms']:.1f} ms, warm {m['warm_ms']:.1f} ms, checkpoint "
+            f"MB RSS, cold {m['cold_ms']:.1f} ms, warm {m['warm_ms']:.1f} ms, first add "
+            f"{1e3 * m['first_add_s']:.1f} ms, checkpoint "
             f"{m['checkpoint_bytes']} bytes in {1e3 * m['checkpoint_s']:.1f} ms, "
             f"{m['files']} files, folder {built['bytes'] / 2**20:.1f} MB")
         out.append(Record("scale", "open", {"conversations": n, "sessions": sessions},
@@ -160,6 +195,10 @@ def _main(argv: Optional[list] = None) -> None:
     if argv[:1] == ["measure"]:
         torch.set_num_threads(1)
         print(json.dumps(measure(argv[1], argv[2])))
+        return
+    if argv[:1] == ["stream"]:
+        torch.set_num_threads(1)
+        print(json.dumps(stream(argv[1], argv[2], int(argv[3]))))
         return
     raise SystemExit("usage: python -m memgas_gpu.bench.scale measure FOLDER ENCODER_DIR")
 

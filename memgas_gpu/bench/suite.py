@@ -33,7 +33,7 @@ from .timing import Deadline
 __all__ = ["SuiteScale", "SCALES", "STAGES", "SuiteResult", "run_suite", "machine_info"]
 
 STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
-          "durable", "serve")
+          "durable", "serve", "scale")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class SuiteScale:
     batch_shape: tuple = (200, 100, 2000, 64)  # haystacks, sessions, pool, batch
     durable_conversations: tuple = (10, 100, 1000)
     durable_records: tuple = (100, 1000)
+    # a memory of many conversations on disk: open, RSS, cold/warm search, checkpoint
+    scale_conversations: tuple = (1000, 10000, 100000)
     # memgas serve: (haystacks, sessions each, distinct pool), concurrent clients over
     # HTTP, questions per point, in-process threads, distinct (conversation, question)
     serve_shape: tuple = (100, 50, 1000)
@@ -89,6 +91,7 @@ SCALES = {
                        search_sessions=20, online_conversations=(2, 4, 8), online_sessions=10,
                        online_calls=4, online_haystacks=(4, 20, 60),
                        durable_conversations=(2, 8), durable_records=(5, 20),
+                       scale_conversations=(50, 200),
                        batch_shape=(12, 10, 40, 8),
                        serve_shape=(6, 10, 40), serve_clients=(1, 4), serve_requests=16,
                        serve_threads=4, serve_distinct=12, serve_encoder="tiny"),
@@ -155,7 +158,8 @@ def _cpu_brand() -> str:
     return platform.processor()
 
 
-def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] = STAGES,
+def run_suite(scale: str | SuiteScale = "s", device=None,
+              stages: Sequence[str] = STAGES[:-1],
               threads: Optional[int] = None, budget_s: Optional[float] = None,
               reference: bool = True, log: Callable[[str], None] = print) -> SuiteResult:
     """Run the benchmark suite.
@@ -197,7 +201,8 @@ def run_suite(scale: str | SuiteScale = "s", device=None, stages: Sequence[str] 
             _headlines(("encode", "index"), cfg, dev, stages, reference, deadline, res, tmp,
                        log)
             _sweep("sessions", cfg, dev, stages, reference, deadline, res, log, cache)
-            _headlines(("io", "search", "online", "gam", "durable", "serve"), cfg, dev,
+            _headlines(("io", "search", "online", "gam", "durable", "serve", "scale"), cfg,
+                       dev,
                        stages, reference,
                        deadline, res, tmp, log)
     finally:
@@ -292,6 +297,12 @@ def _headlines(which, cfg, dev, stages, reference, deadline, res, tmp, log) -> N
             recs = _online(cfg, dev, tmp, log)
         elif stage == "durable":
             recs = _durable(cfg, dev, tmp, log)
+        elif stage == "scale":
+            from ..encode.tiny import make_random_bert
+            from .scale import scale_points
+
+            recs = scale_points(cfg.scale_conversations, tmp,
+                                make_random_bert(os.path.join(tmp, "scale_bert")), log=log)
         elif stage == "serve":
             from .serve import serve_point
 

@@ -13,7 +13,10 @@ from ._common import FiniteFloat, PathArg, check_out_dir, check_runtime, info, q
 # equal memgas_gpu.bench.suite.SCALES / STAGES
 SCALES = ("tiny", "s", "m")
 STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online", "gam",
-          "durable", "serve")
+          "durable", "serve", "scale")
+#: what runs when no stage is named: every stage but ``scale`` (folders of up to 100,000
+#: conversations: minutes and 400 MB of disk; name it to run it)
+DEFAULT_STAGES = tuple(s for s in STAGES if s != "scale")
 
 
 @click.command("bench")
@@ -24,8 +27,8 @@ STAGES = ("graph", "query", "bm25", "encode", "io", "index", "search", "online",
                    "LongMemEval-M shape with the full sweeps (sessions 50 -> 5,000, "
                    "haystacks 1 -> 500), meant for one H200.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 … [default: auto].")
-@click.option("--stages", default=",".join(STAGES), show_default=True,
-              help="Comma-separated subset of the stages.")
+@click.option("--stages", default=",".join(DEFAULT_STAGES), show_default=True,
+              help="Comma-separated subset of the stages (scale: only when named).")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch intra-op threads [default: 1 on CPU, like the single-threaded "
                    "reference].")

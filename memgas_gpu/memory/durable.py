@@ -31,6 +31,7 @@ from ..storage.lock import FolderLock, IndexLockError
 from ..storage.log import WALError, WriteAheadLog
 from ..storage.records import encode
 from ..storage.validate import IndexFormatError
+from .lazy import MAX_RESIDENT_BYTES
 
 __all__ = ["Durable", "DurableParams", "CHECKPOINT_BYTES", "CHECKPOINT_SECONDS"]
 
@@ -51,12 +52,16 @@ class DurableParams(Settings):
             bytes since the last one.
         checkpoint_seconds: ... or once this many seconds have passed since it.
         lock_timeout: seconds to wait for another writer to close the folder.
+        max_resident_bytes: the segments and store chunks read from the folder that the
+            memory keeps in RAM at most (least recently used dropped first, read again
+            when needed; :mod:`memgas_gpu.memory.lazy`).
     """
 
     checkpoint_bytes: int = setting(CHECKPOINT_BYTES, "int", lo=1, hi=1 << 62)
     checkpoint_seconds: float = setting(CHECKPOINT_SECONDS, "real", lo=0, lo_open=True,
                                         hi=1e12)
     lock_timeout: float = setting(0.0, "real", lo=0, hi=1e12)
+    max_resident_bytes: int = setting(MAX_RESIDENT_BYTES, "int", lo=0, hi=1 << 62)
 
 
 class Durable:
@@ -71,18 +76,20 @@ class Durable:
     def open(cls, path, encoder: Any = None, *, readonly: bool = False,
              checkpoint_bytes: Optional[int] = None,
              checkpoint_seconds: Optional[float] = None,
-             lock_timeout: float = 0.0) -> "Durable":
+             lock_timeout: float = 0.0,
+             max_resident_bytes: Optional[int] = None) -> "Durable":
         """See :meth:`MemoryIndex.open`."""
         opts = DurableParams(
             CHECKPOINT_BYTES if checkpoint_bytes is None else checkpoint_bytes,
             CHECKPOINT_SECONDS if checkpoint_seconds is None else checkpoint_seconds,
-            lock_timeout)
+            lock_timeout,
+            MAX_RESIDENT_BYTES if max_resident_bytes is None else max_resident_bytes)
         folder = Path(path)
         if readonly:
             if not folder.is_dir() or (folder_format(folder) is None
                                        and is_unfinished(folder)):
                 raise IndexFormatError(f"{folder}: no memory to open read-only")
-            return cls._follow(folder, encoder)
+            return cls._follow(folder, encoder, opts)
         return cls._open_writer(folder, encoder, opts)
 
     @classmethod
@@ -110,8 +117,8 @@ class Durable:
                 except FileNotFoundError as e:  # nobody else writes: a file is missing
                     raise IndexFormatError(f"{e.filename}: missing: the memory's folder is "
                                            "incomplete (nothing was changed)") from None
-                idx = assemble(cls, parts, str(folder / POINTER))
-                written.segments = _versions(idx, written)
+                idx = assemble(cls, parts, str(folder / POINTER),
+                               max_resident_bytes=opts.max_resident_bytes)
                 cut_uncommitted(folder, written)  # what an interrupted commit appended
                 lsn = written.lsn
             else:  # formats 1 to 3: converted by the first commit below
@@ -159,13 +166,15 @@ class Durable:
         return idx
 
     @classmethod
-    def _follow(cls, folder: Path, encoder) -> "Durable":
+    def _follow(cls, folder: Path, encoder, opts: Optional[DurableParams] = None
+                ) -> "Durable":
+        opts = opts or DurableParams()
         snap = read_snapshot(folder)
-        idx = assemble(cls, snap.parts, str(folder / POINTER))
+        idx = assemble(cls, snap.parts, str(folder / POINTER),
+                       max_resident_bytes=opts.max_resident_bytes)
         n, last = replay(idx, snap.records, str(folder / WAL))
         written = snap.written or Written()
-        written.segments = _versions(idx, written)
-        idx._attach(folder, None, None, written, DurableParams(), readonly=True)
+        idx._attach(folder, None, None, written, opts, readonly=True)
         idx._lsn = last if last is not None else (snap.written.lsn if snap.written else 0)
         idx._follows = snap.version
         if encoder is not None:
@@ -384,7 +393,7 @@ class Durable:
         return n
 
     def _reload(self) -> int:
-        fresh = type(self)._follow(self._folder, self._encoder)
+        fresh = type(self)._follow(self._folder, self._encoder, self._opts)
         self._reset(fresh)
         self._written, self._lsn = fresh._written, fresh._lsn
         self.signal_modules = fresh.signal_modules
@@ -428,13 +437,6 @@ _DURABLE_FIELDS = frozenset({
     "_publish_lock", "_checkpoint_lock", "_failed", "_closed", "_lsn",
     "_bytes_at_checkpoint", "_last_checkpoint", "_checkpoint_failures", "_follows",
     "recovery"})
-
-
-def _versions(idx, written: Written) -> dict:
-    """The commit's conversations keyed to the versions of the segments just read from
-    it (so that a checkpoint writes only the conversations changed since)."""
-    return {s.id: (s.version, written.segments[s.id][1]) for s in idx.state().segments
-            if s.id in written.segments}
 
 
 def _plain_copy(cls: type, state: dict):

@@ -38,6 +38,7 @@ from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
 from .durable import Durable
+from .lazy import MAX_RESIDENT_BYTES, Base, Resident
 from .embed import embed_sessions, encode_unique
 from ..retrieve.engine import DEFAULT_METHOD, resolve
 from ..retrieve.graphs import build_graph
@@ -109,17 +110,22 @@ class MemoryIndex:
         self._setup(store, segs, questions, q_emb, q_ids, params, config,
                     frozenset(graphs) | {params.key()}, max_views, graphs=graphs)
 
-    def _setup(self, store: SessionStore, segments: list, questions: list, q_emb: Tensor,
-               q_ids: list, params: GraphParams, config: dict, graph_keys: frozenset,
-               max_views: int = DEFAULT_MAX_VIEWS, graphs: Optional[dict] = None) -> None:
+    def _setup(self, store: SessionStore, segments: Optional[list], questions: list,
+               q_emb: Tensor, q_ids: list, params: GraphParams, config: dict,
+               graph_keys: frozenset, max_views: int = DEFAULT_MAX_VIEWS,
+               graphs: Optional[dict] = None, directory=None,
+               max_resident_bytes: int = MAX_RESIDENT_BYTES) -> None:
         """The one assembler of a memory: a store, its conversations' segments (in
-        order), the dataset's questions (``q_ids``: each one's conversation)."""
-        ids: dict = {}
-        for i, s in enumerate(segments):
-            if s.id in ids:
-                raise ValueError(f"conversation id {s.id!r} appears twice (positions "
-                                 f"{ids[s.id]} and {i}): ids must be unique")
-            ids[s.id] = i
+        order) or the ``directory`` of a commit they are read from when needed
+        (:mod:`.lazy`), the dataset's questions (``q_ids``: each one's conversation)."""
+        self._resident = Resident(max_resident_bytes)
+        if store.base is not None:
+            store.base.resident = self._resident
+        if directory is None:
+            state = State.of(segments, store.tables())
+        else:
+            state = State({}, store.tables(), Base(directory, self._resident),
+                          directory.count, directory.next_ordinal, frozenset(graph_keys))
         self.questions = questions
         self.q_emb = q_emb
         self.params = params
@@ -139,25 +145,28 @@ class MemoryIndex:
         self._cache = ViewCache(max_views)
         self._store = store
         self._graph_keys = frozenset(graph_keys)
-        self._state = State(tuple(segments), ids, store.tables())
+        self._state = state
         self._tip = self._state  # the state writes build on (ahead while logging)
         self._q_ids = list(q_ids)
         self._question_conversations = frozenset(self._q_ids)
-        # the view of every conversation, with the joined graphs given: nothing is
-        # joined again for the first read of the whole index
-        self._view_at(range(len(segments)), self._state, graphs=graphs)
+        if directory is None:
+            # the view of every conversation, with the joined graphs given: nothing is
+            # joined again for the first read of the whole index
+            self._view_at(state.order(), state, graphs=graphs)
 
     @classmethod
-    def from_parts(cls, parts, max_views: int = DEFAULT_MAX_VIEWS) -> "MemoryIndex":
+    def from_parts(cls, parts, max_views: int = DEFAULT_MAX_VIEWS,
+                   max_resident_bytes: int = MAX_RESIDENT_BYTES) -> "MemoryIndex":
         """A memory of what a reader read (a :class:`~memgas_gpu.storage.commit.Parts`,
         checked by :func:`~memgas_gpu.storage.validate.check_parts`): the one way every
-        folder format becomes a memory."""
+        folder format becomes a memory.  A format-4 commit's conversations stay in its
+        directory until they are needed (:mod:`.lazy`)."""
         from ..lexical import LexicalIndex, TermMatrix, Tokenizer
         from ..lexical.tokenize import Vocabulary
 
         h, s, q = parts.header, parts.store, parts.questions
         lexical = None
-        if s["lexical"] is not None:
+        if isinstance(s, dict) and s["lexical"] is not None:
             docs, ptr, raw, off = s["lexical"]
             data, off = raw.numpy().tobytes(), off.tolist()
             vocab = Vocabulary(data[a:b].decode("utf-8") for a, b in zip(off[:-1], off[1:]))
@@ -165,16 +174,21 @@ class MemoryIndex:
             lexical = LexicalIndex(Tokenizer.from_config(h["lexical"]["tokenizer"]), vocab,
                                    {g: TermMatrix(*v) for g, v in docs.items()}, dict(ptr),
                                    queries)
-        store = SessionStore(s["gran"].float(), {k: v.float() for k, v in s["dense"].items()},
-                             s["turns"].float() if s["turns"] is not None else None,
-                             s["turn_ptr"], s["turn_text"], lexical, s["digest"],
-                             int(h.get("generation") or 0))
-        segments = [Segment(ConversationMeta(m["id"], list(m["session_ids"]),
-                                             list(m["session_dates"]),
-                                             m.get("session_metadata")),
-                            slots.to(torch.int64), dict(graphs),
-                            days=days.to(torch.float64) if days is not None else None)
-                    for m, slots, days, graphs in parts.segments]
+        if not isinstance(s, dict):  # the commit's chunks, read when needed
+            store = SessionStore.lazy(s, int(h.get("generation") or 0))
+        else:
+            store = SessionStore(s["gran"].float(),
+                                 {k: v.float() for k, v in s["dense"].items()},
+                                 s["turns"].float() if s["turns"] is not None else None,
+                                 s["turn_ptr"], s["turn_text"], lexical, s["digest"],
+                                 int(h.get("generation") or 0))
+        lazy = not isinstance(parts.segments, list)
+        segments = None if lazy else [
+            Segment(ConversationMeta(m["id"], list(m["session_ids"]),
+                                     list(m["session_dates"]), m.get("session_metadata")),
+                    slots.to(torch.int64), dict(graphs),
+                    days=days.to(torch.float64) if days is not None else None)
+            for m, slots, days, graphs in parts.segments]
         questions = [Question(id=r["id"], text=r["text"], type=r["type"], date=r["date"],
                               answer=r["answer"],
                               evidence_session_ids=tuple(r["evidence_session_ids"]),
@@ -182,8 +196,13 @@ class MemoryIndex:
                               is_abstention=r["is_abstention"]) for r in q["records"]]
         params = GraphParams(**h["params"])
         idx = cls.__new__(cls)
+        keys = frozenset(h["graphs"])
         idx._setup(store, segments, questions, q["q_emb"].float(), list(q["conversations"]),
-                   params, h["config"], frozenset(h["graphs"]) | {params.key()}, max_views)
+                   params, h["config"], keys | {params.key()} if not lazy else keys,
+                   max_views, directory=parts.segments if lazy else None,
+                   max_resident_bytes=max_resident_bytes)
+        if lazy:
+            idx._graph_keys = keys | {params.key()}
         idx.signal_modules = dict(h.get("signal_modules") or {})
         return idx
 
@@ -194,11 +213,17 @@ class MemoryIndex:
         d.pop("_write_lock", None)
         d.pop("_save_lock", None)
         d["_cache"] = self._cache.max_views
+        d["_resident"] = self._resident.max_bytes
+        for k in ("_state", "_tip"):  # a copy holds every conversation in RAM
+            st = d[k]
+            if st.base is not None:
+                d[k] = State.of(list(st.segments), st.tables)
         return d
 
     def __setstate__(self, d: dict) -> None:
         d = dict(d)
         d["_cache"] = ViewCache(d["_cache"])
+        d["_resident"] = Resident(d.get("_resident", MAX_RESIDENT_BYTES))
         d["_write_lock"] = threading.RLock()
         d["_save_lock"] = threading.Lock()
         self.__dict__.update(d)
@@ -322,16 +347,22 @@ class MemoryIndex:
         """
         st = state or self._state
         if conversation_ids is None:
-            return self._view_at(range(len(st.segments)), st)
-        return self._view_at([st.position(c) for c in conversation_ids], st)
+            return self._view_at(st.order(), st)
+        ids = list(conversation_ids)
+        for c in ids:
+            if c not in st:
+                raise KeyError(f"no conversation {c!r} in this index")
+        return self._view_at(ids, st)
 
-    def _view_at(self, positions, state: State, graphs: Optional[dict] = None) -> View:
-        conv = sorted(set(int(c) for c in positions))
-        versions = tuple(state.segments[c].version for c in conv)
+    def _view_at(self, conversation_ids, state: State, graphs: Optional[dict] = None
+                 ) -> View:
+        conv = sorted(set(conversation_ids), key=state.ordinal)
+        keys = tuple((c, state.version_of(c)) for c in conv)
+        versions = tuple(v for _, v in keys)
         return self._cache.get(("view", versions), versions,
                                lambda: View(state, conv, self.params, self.config,
                                             graphs=graphs),
-                               live=lambda: self._state.holds(versions))
+                               live=lambda: self._state.holds(keys))
 
     def state(self) -> State:
         """The current published state (one consistent version of every conversation)."""
@@ -346,14 +377,16 @@ class MemoryIndex:
         would store it (slots in order of first use, only the terms they use): what
         :meth:`save` writes."""
         st = state or self._state
-        full = self._view_at(range(len(st.segments)), st)
+        order = st.order()
+        full = self._view_at(order, st)
         if full.is_canonical():
             return full
-        versions = tuple(s.version for s in st.segments)
+        keys = tuple((c, st.version_of(c)) for c in order)
+        versions = tuple(v for _, v in keys)
         return self._cache.get(("canonical", versions), versions,
-                               lambda: View(st, range(len(st.segments)), self.params,
+                               lambda: View(st, order, self.params,
                                             self.config, canonical=True),
-                               live=lambda: self._state.holds(versions))
+                               live=lambda: self._state.holds(keys))
 
     def saved_graph_keys(self, view: View) -> frozenset:
         """The graph settings a save of ``view`` keeps: those every conversation holds
@@ -363,13 +396,8 @@ class MemoryIndex:
     def graph_keys_of(self, state: State) -> frozenset:
         """The graph settings every conversation of ``state`` holds (the index's own when
         it holds none), without packing a view."""
-        if not state.segments:
-            return self._graph_keys
-        keys = set(state.segments[0].graphs)
-        for s in state.segments:
-            if not keys <= s.graphs.keys():  # usually every one holds the same settings
-                keys &= s.graphs.keys()
-        return frozenset(keys)
+        keys = state.graph_keys()
+        return self._graph_keys if keys is None else keys
 
     def question_view(self, questions=None) -> tuple[View, QueryBatch, Tensor]:
         """The view of the conversations the dataset's questions ``questions`` (indices
@@ -382,7 +410,9 @@ class MemoryIndex:
         qi = question_indices(len(self.questions), questions)
         st = self._state
         ids = [self._q_ids[i] for i in qi.tolist()]
-        view = self._view_at({st.position(c) for c in ids}, st)
+        for c in ids:
+            st.segment(c)  # KeyError: not held
+        view = self._view_at(set(ids), st)
         lex = view.lexical
         qs = [self.questions[i] for i in qi.tolist()]
         batch = QueryBatch(self.q_emb[qi], view.positions(ids),
@@ -480,8 +510,8 @@ class MemoryIndex:
         plan = []
         for idxs in groups.values():
             asked = [(i, j) for i in idxs for j, c in enumerate(reqs[i].conversation_id)
-                     if c in st.ids]
-            view = self._view_at({st.ids[reqs[i].conversation_id[j]] for i, j in asked}, st)
+                     if c in st]
+            view = self._view_at({reqs[i].conversation_id[j] for i, j in asked}, st)
             r0 = reqs[idxs[0]]
             p, _ = resolve(view, r0.method or DEFAULT_METHOD, None, **r0.settings)
             plan.append((view, p, asked))
@@ -549,10 +579,10 @@ class MemoryIndex:
             tables = view.tables
             keys = self.saved_graph_keys(view)
         else:
-            segments, tables, keys = st.segments, st.tables, self.graph_keys_of(st)
+            segments, tables, keys = _InOrder(st), st.tables, self.graph_keys_of(st)
         lex = tables.lexical_base
         header = {"params": dataclasses.asdict(self.params), "config": self.config,
-                  "tables": sorted(tables.dense),
+                  "tables": tables.dense_names,
                   "lexical": lex.describe() if lex is not None else None,
                   "signal_modules": {**self.signal_modules, **custom_signal_modules()}}
         if lex is not None:
@@ -564,14 +594,22 @@ class MemoryIndex:
                                   "is_abstention": q.is_abstention} for q in self.questions],
                      "conversations": list(self._q_ids), "q_emb": self.q_emb.float(),
                      "terms": lex.queries if lex is not None else None}
-        return CommitInput(segments, tables, header, frozenset(keys), questions, lsn, dtype)
+        if canonical:
+            return CommitInput(segments, tables, header, frozenset(keys), questions, lsn,
+                               dtype)
+        return CommitInput(segments, tables, header, frozenset(keys), questions, lsn, dtype,
+                           ordinals=segments.ordinals(), changed=st.changed(),
+                           n_conversations=st.n, next_ordinal=st.next_ordinal)
 
     @classmethod
-    def load(cls, path) -> "MemoryIndex":
+    def load(cls, path, *, max_resident_bytes: Optional[int] = None) -> "MemoryIndex":
         """Read the memory in the folder ``path`` (written by :meth:`save`, ``memgas
         index`` or a memory opened with :meth:`open`, as its writer last made it
         durable: its last commit and the log after it), in memory only.  Older folder
-        formats load too (docs/index-format.md).
+        formats load too (docs/index-format.md).  A folder of format 4 is read lazily:
+        its root now, each conversation (and store chunk) the first time a read needs
+        it, at most ``max_resident_bytes`` of them kept (default 256 MiB;
+        :mod:`memgas_gpu.memory.lazy`).
 
         Raises:
             IndexFormatError: not a memory's folder, or a damaged one (one line naming
@@ -579,13 +617,15 @@ class MemoryIndex:
         """
         from ..storage.folder import load_index
 
-        return load_index(path, cls)
+        return load_index(path, cls, max_resident_bytes=MAX_RESIDENT_BYTES
+                          if max_resident_bytes is None else max_resident_bytes)
 
     @classmethod
     def open(cls, path, encoder: Any = None, *, readonly: bool = False,
              checkpoint_bytes: Optional[int] = None,
              checkpoint_seconds: Optional[float] = None,
-             lock_timeout: float = 0.0) -> "MemoryIndex":
+             lock_timeout: float = 0.0,
+             max_resident_bytes: Optional[int] = None) -> "MemoryIndex":
         """A memory kept in the folder ``path`` (a
         :class:`~memgas_gpu.memory.durable.DurableMemory`): every ``add_session``,
         ``add_sessions``, ``replace_session``, ``remove_session`` and
@@ -608,6 +648,11 @@ class MemoryIndex:
                 has grown by this many bytes (default 64 MiB) or this long after the
                 last one (default 300 s); ``close`` always does.
             lock_timeout: seconds to wait for another writer to close the folder.
+            max_resident_bytes: opening reads the folder's root, not the memory: each
+                conversation's segment and each store chunk is read the first time a
+                search, a write or a listing of its content needs it, and at most this
+                many bytes of them are kept (default 256 MiB), the least recently used
+                dropped first and read again when needed (:mod:`memgas_gpu.memory.lazy`).
 
         Raises:
             IndexLockError: another process has the folder open for writing (naming it).
@@ -617,7 +662,8 @@ class MemoryIndex:
         return DurableMemory.open(path, encoder, readonly=readonly,
                                   checkpoint_bytes=checkpoint_bytes,
                                   checkpoint_seconds=checkpoint_seconds,
-                                  lock_timeout=lock_timeout)
+                                  lock_timeout=lock_timeout,
+                                  max_resident_bytes=max_resident_bytes)
 
     @property
     def folder(self) -> Optional[str]:
@@ -799,9 +845,9 @@ class MemoryIndex:
         with self._write_lock:
             self._check_writable()
             st = self._tip
-            self._store.track(st.segments)
-            ci = st.ids.get(conversation_id)
-            held = set(st.segments[ci].meta.session_ids) if ci is not None else set()
+            self._store.track(st)
+            seg = st.get(conversation_id)
+            held = set(seg.meta.session_ids) if seg is not None else set()
             want = [not ((s.id in held and not replace)
                          or self._store.find(session_digest(s, u, k)) is not None)
                     for s, (u, k) in zip(sessions, texts)]
@@ -848,7 +894,7 @@ class MemoryIndex:
         folder holds the removed sessions' texts or embeddings any more."""
         with self._write_lock:
             st = self._tip
-            self._store.track(st.segments)
+            self._store.track(st)
             dropped = self._store.garbage
             if dropped:
                 new, gone = self._compact(st)
@@ -867,7 +913,7 @@ class MemoryIndex:
         with self._write_lock:
             self._check_writable()
             st = self._tip
-            self._store.track(st.segments)
+            self._store.track(st)
             ops = change(st)
             new, stale = apply_ops(self._store, st, ops, self._context())
             if new is st:
@@ -910,18 +956,28 @@ class MemoryIndex:
         """Take ``other``'s store and state (a follower that read a newer commit) and
         publish them: readers see the old or the new memory."""
         with self._write_lock:
-            stale = [s.version for s in self._state.segments]
+            old = (self._state.base, self._store.base)
+            new = (other._state.base, other._store.base)
+            for got in new:  # its conversations and store chunks resident in ours
+                if got is not None:
+                    got.resident = self._resident
             self._store, self._tip = other._store, other._state
-            self._publish(other._state, stale)
+            self._publish(other._state, ())
+            self._cache.clear()  # every conversation has a new version
+            for got in old:  # what we kept of the old commit
+                if got is not None and got not in new:
+                    self._resident.drop(got.id)
 
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:
         only when more than half the store is garbage)."""
         store, remap = self._store.compacted()
         self._store = store
-        segs = tuple(Segment(s.meta, remap[s.slots], s.graphs, days=s.days)
-                     for s in st.segments)
-        return State(segs, st.ids, store.tables()), [s.version for s in st.segments]
+        over, stale = {}, []
+        for c, s in zip(st.order(), st.iter_segments()):
+            over[c] = (st.ordinal(c), Segment(s.meta, remap[s.slots], s.graphs, days=s.days))
+            stale.append(s.version)
+        return State(over, store.tables(), n=st.n, next_ordinal=st.next_ordinal), stale
 
     def _publish(self, state: State, stale: Sequence[int]) -> None:
         self._state = state  # one reference swap: readers see the old or the new state
@@ -935,19 +991,38 @@ class MemoryIndex:
 
     @property
     def conversations(self) -> list[ConversationMeta]:
+        """Every conversation's id, session ids and dates, in order (a memory opened on a
+        folder reads every conversation's segment: :meth:`conversation_ids` reads
+        none)."""
         return [s.meta for s in self._state.segments]
+
+    def conversation_ids(self) -> list:
+        """Every conversation id, in order (from the folder's directory: no conversation
+        is read)."""
+        return list(self._state.order())
 
     @property
     def n_conversations(self) -> int:
-        return len(self._state.segments)
+        return self._state.n
 
     @property
     def n_rows(self) -> int:
-        return sum(s.n for s in self._state.segments)
+        return self._state.n_rows()
+
+    def drop_resident(self) -> None:
+        """Drop every segment and store chunk read from the folder (each is read again
+        when next needed); what was written since the memory was opened stays."""
+        self._resident.clear()
+
+    def residency(self) -> dict:
+        """The segments read from a folder that the memory keeps: ``resident_bytes``,
+        ``resident_segments``, ``max_resident_bytes``, ``segment_loads``, ``evictions``
+        (zeros for a memory in RAM)."""
+        return self._resident.stats()
 
     @property
     def dim(self) -> int:
-        return int(self._state.tables.gran.shape[-1])
+        return self._state.tables.dim
 
     @property
     def build_params(self) -> BuildParams:
@@ -960,7 +1035,7 @@ class MemoryIndex:
         Raises:
             KeyError: an unknown conversation id.
         """
-        meta = self._state.segments[self._state.position(conversation_id)].meta
+        meta = self._state.segment(conversation_id).meta
         return [{"id": sid, "date": date, "metadata": meta.metadata(j)}
                 for j, (sid, date) in enumerate(zip(meta.session_ids, meta.session_dates))]
 
@@ -973,13 +1048,15 @@ class MemoryIndex:
             KeyError: an unknown conversation or session id.
         """
         st = self._state
-        seg = st.segments[st.position(conversation_id)]
+        seg = st.segment(conversation_id)
         if session_id not in seg.meta.session_ids:
             raise KeyError(f"conversation {conversation_id!r} has no session "
                            f"{session_id!r}")
         j = seg.meta.session_ids.index(session_id)
         t = st.tables
         slot = int(seg.slots[j])
+        if t.lazy:
+            t, slot = t.take(torch.tensor([slot])), 0
         turns = (t.turn_text.strings(range(int(t.turn_ptr[slot]), int(t.turn_ptr[slot + 1])))
                  if t.turn_text is not None else None)
         return {"id": session_id, "date": seg.meta.session_dates[j],
@@ -1023,6 +1100,29 @@ class _Stored:
     @property
     def n(self) -> int:
         return int(self.slots.numel())
+
+
+class _InOrder:
+    """Every segment of a state in order, read one at a time when iterated (what a full
+    commit of a memory opened on a folder writes), and their ordinals."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    def __iter__(self):
+        return self.state.iter_segments()
+
+    def ordinals(self):
+        st = self.state
+        return _Ordinals(st)
+
+
+class _Ordinals:
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    def __iter__(self):
+        return (self.state.ordinal(c) for c in self.state.order())
 
 
 def _encoder_source(encoder) -> Optional[dict]:

@@ -84,35 +84,164 @@ class Segment:
         return self.meta.session_ids
 
 
-@dataclass(frozen=True, eq=False)
 class State:
-    """What one write publishes (see the module docstring).
+    """What one write publishes (see the module docstring): every conversation, keyed
+    by id, and a snapshot of the store.  Immutable once made.
+
+    A state of a memory opened on a folder rests on a *base*
+    (:class:`~memgas_gpu.memory.lazy.Base`: the conversations of the commit it was
+    opened on, each read the first time it is needed) and holds the conversations
+    written since as *overrides*; a memory in RAM holds every conversation as an
+    override.  Conversations are ordered by *ordinal* (the memory's order: a new
+    conversation comes last, a forgotten one leaves no gap in the order).
 
     Attributes:
-        segments: every conversation, in index order.
-        ids: conversation id → position in ``segments``.
+        over: conversation id → ``(ordinal, Segment)``, or ``(None, None)`` for one
+            forgotten (so that a commit removes it).
         tables: the store snapshot the segments' slots point into.
+        base: the conversations read lazily (None: none).
+        n: how many conversations the state holds.
+        next_ordinal: the ordinal of the next new conversation.
+        base_keys: the graph settings every conversation of the base holds.
         version: unique per published state.
     """
 
-    segments: tuple
-    ids: dict
-    tables: StoreTables
-    version: int = field(default_factory=next_version)
-    _live: frozenset = field(init=False, repr=False, compare=False)
+    __slots__ = ("over", "tables", "base", "n", "next_ordinal", "base_keys", "version",
+                 "_order", "__weakref__")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_live", frozenset(s.version for s in self.segments))
+    def __init__(self, over: dict, tables: StoreTables, base=None, n: Optional[int] = None,
+                 next_ordinal: Optional[int] = None, base_keys: frozenset = frozenset()
+                 ) -> None:
+        self.over = over
+        self.tables = tables
+        self.base = base
+        if n is None:
+            n = sum(1 for _, seg in over.values() if seg is not None)
+        self.n = n
+        if next_ordinal is None:
+            next_ordinal = 1 + max((o for o, seg in over.values() if seg is not None),
+                                   default=-1)
+        self.next_ordinal = next_ordinal
+        self.base_keys = base_keys
+        self.version = next_version()
+        self._order = None
 
-    def holds(self, versions) -> bool:
-        """Whether every segment version in ``versions`` is one of this state's."""
-        return all(v in self._live for v in versions)
+    @classmethod
+    def of(cls, segments: Sequence, tables: StoreTables) -> "State":
+        """A state in RAM of ``segments`` in order (ids unique)."""
+        over = {}
+        for i, seg in enumerate(segments):
+            if seg.id in over:
+                raise ValueError(f"conversation id {seg.id!r} appears twice (positions "
+                                 f"{over[seg.id][0]} and {i}): ids must be unique")
+            over[seg.id] = (i, seg)
+        return cls(over, tables, n=len(segments), next_ordinal=len(segments))
+
+    # ------------------------------------------------------------------ one conversation
+    def get(self, conversation_id) -> Optional[Segment]:
+        """The segment of a conversation (read from the base the first time), or None."""
+        got = self.over.get(conversation_id)
+        if got is not None:
+            return got[1]
+        if self.base is not None and isinstance(conversation_id, str):
+            return self.base.segment(conversation_id)
+        return None
+
+    def __contains__(self, conversation_id) -> bool:
+        return self.ordinal(conversation_id) is not None
+
+    def ordinal(self, conversation_id) -> Optional[int]:
+        """A conversation's place in the memory's order (no segment read), or None."""
+        got = self.over.get(conversation_id)
+        if got is not None:
+            return got[0]
+        if self.base is not None and isinstance(conversation_id, str):
+            return self.base.ordinal(conversation_id)
+        return None
+
+    def version_of(self, conversation_id) -> Optional[int]:
+        """The version of a conversation's segment (no segment read), or None."""
+        got = self.over.get(conversation_id)
+        if got is not None:
+            return got[1].version if got[1] is not None else None
+        if self.base is not None and self.base.ordinal(conversation_id) is not None:
+            return self.base.version_of(conversation_id)
+        return None
+
+    def segment(self, conversation_id) -> Segment:
+        seg = self.get(conversation_id)
+        if seg is None:
+            raise KeyError(f"no conversation {conversation_id!r} in this index")
+        return seg
+
+    def holds(self, keys) -> bool:
+        """Whether every ``(conversation id, version)`` of ``keys`` is current here."""
+        return all(self.version_of(c) == v for c, v in keys)
+
+    # ------------------------------------------------------------------ every one
+    def order(self) -> list:
+        """Every conversation id, in the memory's order (the base's directory listed,
+        no segment read; computed once per state)."""
+        got = self._order
+        if got is None:
+            pairs = [(o, c) for c, (o, seg) in self.over.items() if seg is not None]
+            if self.base is not None:
+                pairs += [(e[1], e[0]) for e in self.base.entries() if e[0] not in self.over]
+            pairs.sort()
+            got = self._order = [c for _, c in pairs]
+        return got
+
+    @property
+    def segments(self) -> tuple:
+        """Every segment, in order (each read from the base when needed: O(memory))."""
+        return tuple(self.segment(c) for c in self.order())
+
+    def iter_segments(self):
+        """Every segment in order, one at a time (a base's are not kept resident)."""
+        for c in self.order():
+            got = self.over.get(c)
+            yield got[1] if got is not None else self.base.segment(c, keep=False)
+
+    @property
+    def ids(self) -> dict:
+        """Conversation id → position in the memory's order."""
+        return {c: i for i, c in enumerate(self.order())}
 
     def position(self, conversation_id) -> int:
-        i = self.ids.get(conversation_id)
-        if i is None:
+        if conversation_id not in self:
             raise KeyError(f"no conversation {conversation_id!r} in this index")
-        return i
+        return self.order().index(conversation_id)
+
+    def graph_keys(self) -> Optional[frozenset]:
+        """The graph settings every conversation holds (None: it holds none)."""
+        keys = None
+        if self.base is not None and self.base.count > sum(
+                1 for c in self.over if self.base.ordinal(c) is not None):
+            keys = set(self.base_keys)
+        for _, seg in self.over.values():
+            if seg is None:
+                continue
+            if keys is None:
+                keys = set(seg.graphs)
+            elif not keys <= seg.graphs.keys():
+                keys &= seg.graphs.keys()
+        return frozenset(keys) if keys is not None else None
+
+    def n_rows(self) -> int:
+        """Sessions over every conversation (the base's from its directory entries)."""
+        n = sum(seg.n for _, seg in self.over.values() if seg is not None)
+        if self.base is not None:
+            n += sum(e[6] for e in self.base.entries() if e[0] not in self.over)
+        return n
+
+    def changed(self) -> dict:
+        """``{id: (ordinal, segment or None)}`` of the conversations written since the
+        base (every one, for a state in RAM)."""
+        return dict(self.over)
+
+    def with_over(self, over: dict, tables: StoreTables, n: int, next_ordinal: int
+                  ) -> "State":
+        return State(over, tables, self.base, n, next_ordinal, self.base_keys)
 
 
 def split_graph(indptr: Tensor, indices: Tensor, conv_offsets: Tensor) -> list:
@@ -138,8 +267,8 @@ class View:
     ``row_slot`` (into the store tables ``gran``, ``concat``, ``turns``, ``turn_ptr``,
     ``turn_text``), ``lexical`` (its own derived caches), ``params``, ``config``, and
     :meth:`graph`.  ``cache`` holds whatever else a reader derives from it.  ``conv``
-    is the ``[C]`` index of each of its conversations in the state.  A view never
-    changes once made: its caches only memoize what its data determines.
+    (the constructor's) are its conversations' ids, in the memory's order.  A view
+    never changes once made: its caches only memoize what its data determines.
 
     A ``canonical`` view renumbers the slots it uses in order of first use and keeps
     only the vocabulary terms they use (what a fresh build of the same conversations
@@ -150,14 +279,13 @@ class View:
             caller holds them already (a build or a load: nothing is joined again).
     """
 
-    def __init__(self, state: State, conv: Sequence[int], params: GraphParams,
+    def __init__(self, state: State, conv: Sequence[str], params: GraphParams,
                  config: dict, canonical: bool = False,
                  graphs: Optional[dict] = None) -> None:
-        segs = [state.segments[c] for c in conv]
+        segs = [state.segment(c) for c in conv]
         self.canonical = canonical
         self.state = state
         self.segments = segs
-        self.conv = torch.as_tensor(list(conv), dtype=torch.long)
         self.conversations = [s.meta for s in segs]
         sizes = torch.tensor([s.n for s in segs], dtype=torch.long)
         self.conv_offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
@@ -170,8 +298,13 @@ class View:
         #: graph key → joined CSR of these conversations
         self.graph_cache: dict = dict(graphs or {})
         t = state.tables
+        #: the view's tables hold its own rows only (a store read a chunk at a time)
+        self.local = False
         if canonical:
             row_slot, t = _canonical(row_slot, t)
+        elif t.lazy:
+            row_slot, t = _local(row_slot, t)
+            self.local = True
         self.row_slot = row_slot
         self.tables = t
         self.gran, self.concat = t.gran, t.concat
@@ -207,7 +340,7 @@ class View:
                str(device))
 
         def build():
-            if self.canonical:  # renumbered tables and vocabulary: built whole
+            if self.canonical or self.local:  # renumbered tables: built whole
                 return lexical_postings(self, granularity, params, device)
             parts = []
             for i, seg in enumerate(self.segments):
@@ -325,7 +458,8 @@ class View:
         and keep it with them: the same content for the same segment version."""
         from ..retrieve.graphs import build_graph
 
-        sub = View(self.state, [int(self.conv[i]) for i in which], self.params, self.config)
+        sub = View(self.state, [self.conversations[i].id for i in which], self.params,
+                   self.config)
         ip, ix = build_graph(sub, params, device=device, progress=False)
         for i, local in zip(which, split_graph(ip, ix, sub.conv_offsets)):
             self.segments[i].graphs.setdefault(params.key(), local)
@@ -354,6 +488,21 @@ def _first_use(row_slot: Tensor, n_slots: int) -> Tensor:
     return used[torch.argsort(first[used])]
 
 
+def _local(row_slot: Tensor, t) -> tuple[Tensor, StoreTables]:
+    """Rows renumbered to the slots they use in order of first use, and those slots'
+    tables, read from the store's chunks."""
+    n = row_slot.numel()
+    if not n:
+        return row_slot, t.take(row_slot)
+    uniq, inv = torch.unique(row_slot, return_inverse=True)
+    first = torch.full((uniq.numel(),), n, dtype=torch.long)
+    first.scatter_reduce_(0, inv, torch.arange(n), "amin")
+    order = torch.argsort(first)
+    new_of = torch.empty_like(order)
+    new_of[order] = torch.arange(order.numel())
+    return new_of[inv], t.take(uniq[order])
+
+
 def _canonical(row_slot: Tensor, t: StoreTables) -> tuple[Tensor, StoreTables]:
     """Rows renumbered to slots in order of first use, and tables holding only those
     slots and the terms they use; the same tensors when nothing changes."""
@@ -366,23 +515,21 @@ def _canonical(row_slot: Tensor, t: StoreTables) -> tuple[Tensor, StoreTables]:
     return row_slot, without_unused_terms(t)
 
 
-def with_segment(state: State, i: int, seg: Segment, tables: StoreTables) -> State:
-    """``state`` with conversation ``i`` replaced by ``seg`` (or appended, ``i ==
-    len(segments)``) and the store snapshot ``tables``."""
-    segs = list(state.segments)
-    ids = state.ids
-    if i == len(segs):
-        segs.append(seg)
-        ids = dict(ids)
-        ids[seg.id] = i
-    else:
-        segs[i] = seg
-    return State(tuple(segs), ids, tables)
+def with_segment(state: State, conversation_id: str, seg: Segment,
+                 tables: StoreTables) -> State:
+    """``state`` with the conversation replaced by ``seg`` (or added last) and the store
+    snapshot ``tables``."""
+    over = dict(state.over)
+    ordinal = state.ordinal(conversation_id)
+    n, nxt = state.n, state.next_ordinal
+    if ordinal is None:
+        ordinal, nxt, n = nxt, nxt + 1, n + 1
+    over[conversation_id] = (ordinal, seg)
+    return state.with_over(over, tables, n, nxt)
 
 
-
-def without_segment(state: State, i: int, tables: StoreTables) -> State:
-    """``state`` without conversation ``i`` (later conversations move up one)."""
-    segs = list(state.segments)
-    del segs[i]
-    return State(tuple(segs), {s.id: j for j, s in enumerate(segs)}, tables)
+def without_segment(state: State, conversation_id: str, tables: StoreTables) -> State:
+    """``state`` without the conversation (later conversations move up one)."""
+    over = dict(state.over)
+    over[conversation_id] = (None, None)  # a commit removes it from the folder
+    return state.with_over(over, tables, state.n - 1, state.next_ordinal)

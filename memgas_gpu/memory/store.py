@@ -171,6 +171,16 @@ class StoreTables:
     def n_slots(self) -> int:
         return int(self.gran.shape[0])
 
+    @property
+    def dim(self) -> int:
+        return int(self.gran.shape[-1])
+
+    @property
+    def dense_names(self) -> list:
+        return sorted(self.dense)
+
+    lazy = False
+
     def take(self, slots: Tensor) -> "StoreTables":
         """The tables of ``slots`` only, in that order (slot ``slots[i]`` becomes ``i``):
         the one way slots are renumbered (a canonical view, a compaction)."""
@@ -269,7 +279,13 @@ class SessionStore:
 
     def __init__(self, gran: Tensor, dense: dict, turns: Optional[Tensor],
                  turn_ptr: Optional[Tensor], turn_text: Optional[TextTable],
-                 lexical=None, digest: Optional[Tensor] = None, generation: int = 0) -> None:
+                 lexical=None, digest: Optional[Tensor] = None, generation: int = 0,
+                 base=None) -> None:
+        #: the commit's chunks (:class:`~memgas_gpu.memory.chunks.ChunkedStore`) holding
+        #: slots ``[0, base.n_slots)``, read when needed; the buffers hold the slots
+        #: appended since (None: the buffers hold every slot)
+        self.base = base
+        self.base_n = base.n_slots if base is not None else 0
         self.generation = generation
         self.gran = Growable(gran)
         self.digest = Growable(digest if digest is not None else
@@ -286,12 +302,39 @@ class SessionStore:
         self._journal: list = []  # (slot, None: ref | dropped digest: unref) since mark()
         self.garbage = 0
 
+    @classmethod
+    def lazy(cls, base, generation: int) -> "SessionStore":
+        """A store over a commit's chunks (:mod:`.chunks`), every buffer empty."""
+        d = base.dim
+        return cls(torch.zeros(0, 4, d), {k: torch.zeros(0, d) for k in base.dense_names},
+                   torch.zeros(0, d) if base.has_turns else None,
+                   torch.zeros(1, dtype=torch.int64) if base.has_turn_ptr else None,
+                   TextTable(torch.zeros(1, dtype=torch.uint8),
+                             torch.zeros(1, dtype=torch.int64)) if base.has_text else None,
+                   None, torch.zeros(0, DIGEST_BYTES, dtype=torch.uint8), generation,
+                   base=base)
+
     @property
     def n_slots(self) -> int:
-        return self.gran.n
+        return self.base_n + self.gran.n
 
-    def tables(self) -> StoreTables:
+    def slot_digest(self, slot: int) -> bytes:
+        """The content digest of one slot."""
+        if slot < self.base_n:
+            c = self.base.chunk_of(slot)
+            return bytes(self.base.chunk(c).digest[slot - self.base.starts[c]].tolist())
+        return self.digest.buf[slot - self.base_n].numpy().tobytes()
+
+    def tables(self):
         """The snapshot to publish with the next state."""
+        tail = self._tail_tables()
+        if self.base is None:
+            return tail
+        from .chunks import LazyTables
+
+        return LazyTables(self.base, tail, self.generation)
+
+    def _tail_tables(self) -> StoreTables:
         docs = ptr = None
         if self.terms is not None:
             docs, ptr = {}, {}
@@ -306,21 +349,28 @@ class SessionStore:
             self.generation)
 
     # ------------------------------------------------------------------ references
-    def track(self, segments) -> None:
+    def track(self, state) -> None:
         """Count the rows referring to each slot and index the live slots by content
         digest (once, at the first write: an index that is only read never pays for
-        it)."""
+        it; a memory opened on a folder reads every conversation's segment then, one at
+        a time, keeping none of them)."""
         if self._refs is not None:
             return
-        refs = [0] * self.n_slots
-        for seg in segments:
-            for slot in seg.slots.tolist():
-                refs[slot] += 1
+        segments = state.iter_segments() if hasattr(state, "iter_segments") else state
+        rows = [seg.slots for seg in segments]
+        refs = (torch.bincount(torch.cat(rows), minlength=self.n_slots).tolist() if rows
+                else [0] * self.n_slots)
         self._refs = refs
         self._by_digest = {}
-        for slot, d in enumerate(self.digest.value().numpy()):
-            if refs[slot] > 0 and d.any():
-                self._by_digest.setdefault(d.tobytes(), slot)
+        parts = list(self.base.digests()) if self.base is not None else []
+        parts.append((self.base_n, self.digest.value()))
+        for first, digests in parts:
+            if digests is None:
+                continue
+            for k, d in enumerate(digests.numpy()):
+                slot = first + k
+                if refs[slot] > 0 and d.any():
+                    self._by_digest.setdefault(d.tobytes(), slot)
         self.garbage = sum(1 for r in refs if r == 0)
 
     def find(self, digest: bytes) -> Optional[int]:
@@ -339,7 +389,7 @@ class SessionStore:
         dropped = False
         if self._refs[slot] == 0:
             self.garbage += 1
-            d = self.digest.buf[slot].numpy().tobytes()
+            d = self.slot_digest(slot)
             if self._by_digest.get(d) == slot:
                 del self._by_digest[d]
                 dropped = True
@@ -361,7 +411,7 @@ class SessionStore:
         (:meth:`rollback` returns to it; one write at a time: the writer's lock)."""
         self._journal = []
         return (tuple(g.n for g in self._growables()),
-                len(self.lexical.vocab) if self.lexical is not None else 0)
+                len(self.lexical.vocab) if self.lexical is not None else 0, self.n_slots)
 
     def rollback(self, mark: tuple) -> None:
         """Forget the slots appended, the terms added and the references taken or
@@ -375,10 +425,9 @@ class SessionStore:
                 self.garbage -= 1
             self._refs[slot] += 1
             if dropped:
-                self._by_digest[self.digest.buf[slot].numpy().tobytes()] = slot
+                self._by_digest[self.slot_digest(slot)] = slot
         self._journal = []
-        sizes, n_terms = mark
-        n_slots = sizes[0]
+        sizes, n_terms, n_slots = mark
         for g, n in zip(self._growables(), sizes):
             g.n = n
         if self.lexical is not None:

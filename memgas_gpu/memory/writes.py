@@ -155,7 +155,29 @@ def encode_sessions(store, items: list, enc, dim: int) -> list:
     return out
 
 
+def gran_rows(tables, slots: Tensor) -> Tensor:
+    """``[len(slots), N_GRAN, d]`` S, T, U, K embeddings of some store slots (read from
+    their chunks for a store opened on a folder)."""
+    if tables.lazy:
+        return tables.take(slots).gran
+    return tables.gran[slots]
+
+
+def slot_digest(tables, slot: int) -> bytes:
+    """The content digest of one store slot."""
+    if tables.lazy:
+        return bytes(tables.take(torch.tensor([slot])).digest[0].tolist())
+    return bytes(tables.digest[slot].tolist())
+
+
 def stored_encoding(tables, slot: int) -> Encoded:
+    """The :class:`Encoded` of a session the store holds in ``slot``."""
+    if tables.lazy:
+        tables, slot = tables.take(torch.tensor([slot])), 0
+    return _stored_encoding(tables, slot)
+
+
+def _stored_encoding(tables, slot: int) -> Encoded:
     """The :class:`Encoded` of a session the store holds in ``slot``."""
     turns = (tables.turns[int(tables.turn_ptr[slot]):int(tables.turn_ptr[slot + 1])]
              if tables.turns is not None else torch.zeros(0, tables.gran.shape[-1]))
@@ -248,13 +270,12 @@ def _add(store, st, op, ctx: WriteContext, replay: bool):
     from .segments import Segment, with_segment
 
     cid = op.conversation_id
-    ci = st.ids.get(cid)
-    old = st.segments[ci] if ci is not None else None
+    old = st.get(cid)
     if old is not None and op.session.id in old.meta.session_ids:
         if replay:
             j = old.meta.session_ids.index(op.session.id)
             digest = session_digest(op.session, op.summary, op.keywords)
-            if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest:
+            if slot_digest(st.tables, int(old.slots[j])) == digest:
                 return st, []  # already there: a replayed record
         raise ValueError(f"conversation {cid!r} already has a session {op.session.id!r}")
     slot, _ = _slot_for(store, st, op)
@@ -262,8 +283,9 @@ def _add(store, st, op, ctx: WriteContext, replay: bool):
     slots = torch.cat([old.slots if old is not None else torch.zeros(0, dtype=torch.long),
                        torch.tensor([slot])])
     keys = old.graphs.keys() if old is not None else ctx.graph_keys(st)
+    gran = gran_rows(tables, slots)
     graphs = {k: grow_graph(old.graphs[k] if old is not None else empty_csr(0),
-                            tables.gran[slots], GraphParams.from_key(k, ctx.params))
+                            gran, GraphParams.from_key(k, ctx.params))
               for k in keys}
     meta = ConversationMeta(cid, [*(old.meta.session_ids if old else ()), op.session.id],
                             [*(old.meta.session_dates if old else ()), op.session.date],
@@ -274,7 +296,7 @@ def _add(store, st, op, ctx: WriteContext, replay: bool):
     days = torch.cat([old.days if old is not None else torch.zeros(0, dtype=torch.float64),
                       session_days([op.session.date])])
     seg = Segment(meta, slots, graphs, days=days)
-    new = with_segment(st, len(st.segments) if ci is None else ci, seg, tables)
+    new = with_segment(st, cid, seg, tables)
     return new, [old.version] if old is not None else []
 
 
@@ -282,7 +304,7 @@ def _rebuilt(st, old, meta, slots, days, ctx: WriteContext, tables):
     """A segment of ``old``'s conversation with other sessions: every graph rebuilt."""
     from .segments import Segment, local_graph
 
-    graphs = {k: local_graph(tables.gran[slots].reshape(-1, ctx.dim), slots.numel(),
+    graphs = {k: local_graph(gran_rows(tables, slots).reshape(-1, ctx.dim), slots.numel(),
                              GraphParams.from_key(k, ctx.params)) for k in old.graphs}
     return Segment(meta, slots, graphs, days=days)
 
@@ -292,14 +314,13 @@ def _remove(store, st, op, ctx: WriteContext, replay: bool):
     from .segments import with_segment
 
     cid, sid = op.conversation_id, op.session_id
-    ci = st.ids.get(cid)
-    if ci is None or sid not in st.segments[ci].meta.session_ids:
+    old = st.get(cid)
+    if old is None or sid not in old.meta.session_ids:
         if replay:
             return st, []
-        if ci is None:
+        if old is None:
             raise KeyError(f"no conversation {cid!r} in this index")
         raise KeyError(f"conversation {cid!r} has no session {sid!r}")
-    old = st.segments[ci]
     j = old.meta.session_ids.index(sid)
     keep = torch.cat([old.slots[:j], old.slots[j + 1:]])
     ids, dates = list(old.meta.session_ids), list(old.meta.session_dates)
@@ -312,7 +333,7 @@ def _remove(store, st, op, ctx: WriteContext, replay: bool):
     store.unref(int(old.slots[j]))
     days = torch.cat([old.days[:j], old.days[j + 1:]])
     seg = _rebuilt(st, old, ConversationMeta(cid, ids, dates, md), keep, days, ctx, st.tables)
-    return with_segment(st, ci, seg, st.tables), [old.version]
+    return with_segment(st, cid, seg, st.tables), [old.version]
 
 
 def _replace(store, st, op, ctx: WriteContext, replay: bool):
@@ -320,16 +341,15 @@ def _replace(store, st, op, ctx: WriteContext, replay: bool):
     from .segments import with_segment
 
     cid, sid = op.conversation_id, op.session.id
-    ci = st.ids.get(cid)
-    if ci is None or sid not in st.segments[ci].meta.session_ids:
-        if ci is None:
+    old = st.get(cid)
+    if old is None or sid not in old.meta.session_ids:
+        if old is None:
             raise KeyError(f"no conversation {cid!r} in this index")
         raise KeyError(f"conversation {cid!r} has no session {sid!r}")
-    old = st.segments[ci]
     j = old.meta.session_ids.index(sid)
     digest = session_digest(op.session, op.summary, op.keywords)
     md_old = old.meta.metadata(j)
-    if bytes(st.tables.digest[int(old.slots[j])].tolist()) == digest \
+    if slot_digest(st.tables, int(old.slots[j])) == digest \
             and old.meta.session_dates[j] == op.session.date and md_old == (op.metadata or {}):
         return st, []  # the same session: nothing changes (a replayed record too)
     slot, _ = _slot_for(store, st, op)
@@ -349,25 +369,24 @@ def _replace(store, st, op, ctx: WriteContext, replay: bool):
     seg = _rebuilt(st, old, ConversationMeta(cid, list(old.meta.session_ids), dates,
                                              md if any(md) else None),
                    slots, days, ctx, tables)
-    return with_segment(st, ci, seg, tables), [old.version]
+    return with_segment(st, cid, seg, tables), [old.version]
 
 
 def _forget(store, st, op, ctx: WriteContext, replay: bool):
     from .segments import without_segment
 
     cid = op.conversation_id
-    ci = st.ids.get(cid)
-    if ci is None:
+    old = st.get(cid)
+    if old is None:
         if replay:
             return st, []
         raise KeyError(f"no conversation {cid!r} in this index")
     if cid in ctx.protected:
         raise ValueError(f"conversation {cid!r} holds evaluation questions of the dataset; "
                          "rebuild the index without it instead")
-    old = st.segments[ci]
     for slot in old.slots.tolist():
         store.unref(slot)
-    return without_segment(st, ci, st.tables), [old.version]
+    return without_segment(st, cid, st.tables), [old.version]
 
 
 def apply_ops(store, st, ops, ctx: WriteContext, replay: bool = False):
@@ -380,7 +399,7 @@ def apply_ops(store, st, ops, ctx: WriteContext, replay: bool = False):
     Raises:
         KeyError, ValueError: an operation that cannot apply (nothing changed).
     """
-    store.track(st.segments)
+    store.track(st)
     mark = store.mark()
     stale: list = []
     try:

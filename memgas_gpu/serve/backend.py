@@ -130,12 +130,12 @@ class MemoryCalls:
 
     def ready(self) -> dict:
         """What the memory holds: conversations, sessions, and the bytes its log grew
-        since the last checkpoint (0 for a memory without a folder)."""
-        convs = self.memory.conversations
+        since the last checkpoint (0 for a memory without a folder).  The counts come
+        from a folder's directory: a probe reads no conversation."""
         stats = getattr(self.memory, "storage_stats", None)
         grown = stats()["log_bytes_since_checkpoint"] if stats is not None else 0
-        return {"conversations": len(convs),
-                "sessions": sum(len(c.session_ids) for c in convs), "log_bytes": grown}
+        return {"conversations": self.memory.n_conversations,
+                "sessions": self.memory.n_rows, "log_bytes": grown}
 
     def compact(self) -> int:
         return self.memory.compact()

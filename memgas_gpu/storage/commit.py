@@ -12,7 +12,9 @@ A folder::
 A **blob** is a run of bytes in a pack, named by a *ref* ``[pack, offset, length,
 crc32]``; a commit's blobs are never changed once written, and a reader checks each
 blob's CRC-32.  The **root** (a JSON blob the pointer names) holds the settings, the
-log sequence number (LSN) the commit covers, the store's chunks, the questions' blob,
+log sequence number (LSN) the commit covers, the store's last chunks (the earlier
+ones in *chunk pages* of 16 entries, each written once and naming the page before it,
+so the root does not grow with the store), the questions' blob,
 and the two-level **directory** of conversations: 64 first-level pages of 64 leaves
 each, a conversation in the leaf its id hashes to (BLAKE2b), each leaf listing its
 conversations' entries ``[id, ordinal, pack, offset, length, crc32, sessions]`` (the
@@ -35,6 +37,7 @@ cut off by the next writer.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -63,6 +66,16 @@ WAL = "wal"
 CHUNK_FANIN = 8
 #: slots per chunk a full commit writes at most (bounds the memory a write needs)
 CHUNK_SLOTS = 1 << 15
+#: about the bytes of one store chunk: a full commit cuts the store into chunks of this
+#: size and merges stop there, so that a memory opened on the folder reads (and checks)
+#: about this much the first time it needs a slot of a chunk
+CHUNK_BYTES = 2 << 20
+#: store chunk entries per chunk page: the root lists the last chunks (fewer than
+#: CHUNK_PAGE + CHUNK_FANIN), full pages of the earlier ones are written once, each
+#: naming the page before it, so a commit's root does not grow with the store
+CHUNK_PAGE = 16
+#: the most chunk pages a root may count (a hostile count is refused before any read)
+MAX_CHUNK_PAGES = 1 << 24
 #: a full commit replaces the packs once superseded blobs outweigh the live ones and
 #: take more than this many bytes
 GARBAGE_BYTES = 1 << 20
@@ -85,13 +98,24 @@ class Written:
         lsn: the log sequence number the commit covers.
         generation: the store numbering its chunks belong to (a compaction starts a new
             one: every blob is written again).
-        chunks: ``[{"ref", "slots": [a, b], "terms": [a, b]}]`` in order.
+        chunks: ``[{"ref", "slots": [a, b], "terms": [a, b]}]`` in order (those of
+            the chunk pages, then those the root lists).
+        chunk_pages: the refs of the chunk pages in order: page ``k`` lists
+            ``chunks[k * CHUNK_PAGE:(k + 1) * CHUNK_PAGE]``.
         questions: the questions blob's ref.
         packs: ``{pack: {"end", "live"}}``: each pack's committed end and live bytes.
-        segments: conversation id → ``(segment version, entry)``.
-        leaves: ``(page, leaf)`` → ``(ref or None, {id: entry})``.
+        segments: conversation id → ``(segment version, entry)`` of the conversations
+            this process wrote (the others are read from ``directory`` when needed).
+        leaves: ``(page, leaf)`` → ``(ref or None, {id: entry})`` of the leaves this
+            process wrote.
+        page_leaves: first-level page → its 64 leaf refs, of the pages this process
+            wrote.
         pages: first-level page → ref or None.
         next_ordinal: the ordinal of the next new conversation.
+        conversations: how many conversations the commit holds.
+        directory: the :class:`~memgas_gpu.storage.directory.Directory` of the commit
+            read from the folder, where every leaf this process did not write is read
+            (None: every leaf is in ``leaves``).
         bytes: the bytes the commit that made this wrote (its blobs; 0 when read).
     """
 
@@ -107,6 +131,32 @@ class Written:
     pages: dict = field(default_factory=dict)
     next_ordinal: int = 0
     bytes: int = 0
+    page_leaves: dict = field(default_factory=dict)
+    conversations: int = 0
+    directory: object = None
+    chunk_pages: list = field(default_factory=list)
+
+    def page_leaf_refs(self, page: int) -> list:
+        """The 64 leaf refs of first-level ``page`` in this commit."""
+        got = self.page_leaves.get(page)
+        if got is not None:
+            return got
+        if self.directory is not None:
+            return self.directory.page_leaves(page)
+        return [None] * _LEAF
+
+    def leaf_entries(self, key: tuple) -> dict:
+        """``{id: entry}`` of the leaf ``(page, leaf)`` in this commit."""
+        got = self.leaves.get(key)
+        if got is not None:
+            return got[1]
+        if self.directory is not None:
+            return self.directory.leaf(key)
+        return {}
+
+    def entry(self, cid: str) -> Optional[list]:
+        """The directory entry of a conversation in this commit, or None."""
+        return self.leaf_entries(_leaf_of(cid)).get(cid)
 
     @property
     def n_slots(self) -> int:
@@ -137,6 +187,12 @@ class CommitInput:
         questions: ``{"records", "conversations", "q_emb", "terms"}``.
         lsn: the log sequence number the commit covers.
         dtype: how embeddings are stored (float32, float16 or bfloat16).
+        ordinals: the ordinal of each of ``segments`` (None: 0, 1, ...).
+        changed: ``{id: (ordinal, segment or None)}``: the conversations written (None:
+            forgotten) since the commit the memory was opened on; a commit that is not
+            full writes those of them that differ from what the folder holds, and reads
+            nothing of ``segments`` (None: compare every one of ``segments``).
+        n_conversations, next_ordinal: the directory's counts (with ``changed``).
     """
 
     segments: Sequence
@@ -146,6 +202,10 @@ class CommitInput:
     questions: dict
     lsn: int
     dtype: torch.dtype = torch.float32
+    ordinals: Optional[Sequence] = None
+    changed: Optional[dict] = None
+    n_conversations: int = 0
+    next_ordinal: int = 0
 
 
 @dataclass
@@ -224,6 +284,25 @@ def _questions_blob(q: dict, dtype: torch.dtype) -> bytes:
     return tensor_blob(x, {"records": q["records"], "conversations": q["conversations"]})
 
 
+def chunk_slots(t) -> int:
+    """Slots per chunk of about :data:`CHUNK_BYTES` (at most :data:`CHUNK_SLOTS`): the
+    bytes of a slot's embeddings and digest, and an estimate of its turns."""
+    d = t.dim
+    per = 4 * (4 * d + d * len(t.dense_names)) + 16
+    if t.lazy:
+        base = t.base
+        per += (8 * 4 * d if base.has_turns else 0) + (16 + 400 if base.has_text else 0)
+    else:
+        n = max(1, t.n_slots)
+        if t.turns is not None:
+            per += t.turns.numel() * 4 // n
+        if t.turn_text is not None:
+            per += (int(t.turn_text.offsets[-1]) + 8 * t.turn_text.offsets.numel()) // n
+        if t.lexical_docs is not None:
+            per += sum(m.indices.numel() * 12 for m in t.lexical_docs.values()) // n
+    return max(1, min(CHUNK_SLOTS, CHUNK_BYTES // per))
+
+
 def _tier(slots: int) -> int:
     t = 0
     while slots >= CHUNK_FANIN ** (t + 1):
@@ -246,7 +325,8 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     folder = Path(folder)
     t = inp.tables
     garbage, live = written.garbage()
-    full = (full or written.root is None or written.generation != t.generation
+    full = (full or inp.changed is None or written.root is None
+            or written.generation != t.generation
             or (garbage > live and garbage > GARBAGE_BYTES))
     old = written
     if full:
@@ -301,7 +381,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     a, t0 = written.n_slots, written.n_terms
     if full:
         chunks, a, t0 = [], 0, 0
-        step = max(1, CHUNK_SLOTS)
+        step = chunk_slots(t)
         while a < t.n_slots or not chunks:
             b = min(t.n_slots, a + step)
             t1 = n_terms if b == t.n_slots else t0
@@ -315,7 +395,8 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                        "slots": [a, t.n_slots], "terms": [t0, n_terms]})
         while len(chunks) >= CHUNK_FANIN:
             tail = chunks[-CHUNK_FANIN:]
-            if len({_tier(c["slots"][1] - c["slots"][0]) for c in tail}) != 1:
+            if len({_tier(c["slots"][1] - c["slots"][0]) for c in tail}) != 1 or \
+                    tail[-1]["slots"][1] - tail[0]["slots"][0] > chunk_slots(t):
                 break
             lo, hi = tail[0], tail[-1]
             merged = {"ref": w.put(_chunk_blob(t, lo["slots"][0], hi["slots"][1],
@@ -325,63 +406,89 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
             for c in tail:
                 w.drop(c["ref"])
             chunks[-CHUNK_FANIN:] = [merged]
-    # ---- the conversations that changed, and the pages on their path
-    segments = {} if full else dict(written.segments)
-    leaves = {} if full else dict(written.leaves)
-    pages = {} if full else dict(written.pages)
-    next_ordinal = 0 if full else written.next_ordinal
-    present = set()
-    touched = set()
-    prev = -1  # ordinals increase along the memory's order (a conversation forgotten and
-    # added again comes last: it gets a new ordinal)
-    for seg in inp.segments:
-        cid = seg.meta.id
-        present.add(cid)
-        got = segments.get(cid)
-        in_order = got is not None and got[1][1] > prev
-        if in_order and seg.version is not None and got[0] == seg.version:
-            prev = got[1][1]
-            continue
-        if got is not None:
-            w.drop(got[1][2:6])
-        if in_order:
-            ordinal = got[1][1]
-        else:
-            ordinal, next_ordinal = next_ordinal, next_ordinal + 1
-        prev = ordinal
-        ref = w.put(_segment_blob(seg, keys))
-        entry = [cid, ordinal, *ref, seg.n]
-        segments[cid] = (seg.version, entry)
-        touched.add(_leaf_of(cid))
-    for cid in [c for c in segments if c not in present]:  # forgotten conversations
-        w.drop(segments.pop(cid)[1][2:6])
-        touched.add(_leaf_of(cid))
-    for key in touched:
-        ref, entries = leaves.get(key, (None, {}))
-        w.drop(ref)
-        entries = {cid: segments[cid][1] for cid in (*entries, *(
-            c for c in present if _leaf_of(c) == key and c not in entries)) if cid in segments} \
-            if not full else {}
-        leaves[key] = (None, entries)
-    if full:  # every conversation, leaf by leaf
+    # ---- the conversations that changed, and the leaves and pages on their path
+    if full:
+        segments, leaves, pages, page_leaves = {}, {}, {}, {}
+        ordinals = inp.ordinals if inp.ordinals is not None else itertools.count()
+        last = -1
+        for seg, ordinal in zip(inp.segments, ordinals):
+            cid = seg.meta.id
+            ref = w.put(_segment_blob(seg, keys))
+            entry = [cid, int(ordinal), *ref, seg.n]
+            last = max(last, int(ordinal))
+            segments[cid] = (seg.version, entry)
+            leaves.setdefault(_leaf_of(cid), {})[cid] = entry
+        work = leaves
         leaves = {}
-        for cid, (_, entry) in segments.items():
-            leaves.setdefault(_leaf_of(cid), (None, {}))[1][cid] = entry
-        touched = set(leaves)
-    for key in sorted(touched):
-        _, entries = leaves[key]
+        n_conv = len(segments)
+        next_ordinal = max(last + 1, inp.next_ordinal if inp.ordinals is not None else 0)
+    else:
+        segments, leaves = dict(written.segments), dict(written.leaves)
+        pages, page_leaves = dict(written.pages), dict(written.page_leaves)
+        n_conv, next_ordinal = inp.n_conversations, inp.next_ordinal
+        work = {}
+        for cid, (ordinal, seg) in inp.changed.items():
+            key = _leaf_of(cid)
+            cur = work[key] if key in work else written.leaf_entries(key)
+            old = cur.get(cid)
+            if seg is None:  # forgotten
+                if old is not None:
+                    w.drop(old[2:6])
+                    cur = dict(cur)
+                    del cur[cid]
+                    work[key] = cur
+                segments.pop(cid, None)
+                continue
+            got = segments.get(cid)
+            if old is not None and got is not None and got[0] == seg.version \
+                    and old[1] == ordinal:
+                continue  # written by an earlier commit of this process
+            if old is not None:
+                w.drop(old[2:6])
+            ref = w.put(_segment_blob(seg, keys))
+            entry = [cid, int(ordinal), *ref, seg.n]
+            segments[cid] = (seg.version, entry)
+            cur = dict(cur)
+            cur[cid] = entry
+            work[key] = cur
+    for key in sorted(work):
+        entries = work[key]
+        if not full:
+            w.drop(written.page_leaf_refs(key[0])[key[1]])
         if entries:
             body = sorted(entries.values(), key=lambda e: e[1])
             leaves[key] = (w.put(json_blob({"entries": body})), entries)
         else:
-            del leaves[key]
-    for page in sorted({k[0] for k in touched}):
-        w.drop(pages.get(page))
-        refs = [leaves[(page, j)][0] if (page, j) in leaves else None for j in range(_LEAF)]
+            leaves[key] = (None, {})
+    for page in sorted({k[0] for k in work}):
+        if not full:
+            w.drop(pages.get(page))
+        refs = list(written.page_leaf_refs(page)) if not full else [None] * _LEAF
+        for (p, j), (ref, _) in leaves.items():
+            if p == page:
+                refs[j] = ref
+        page_leaves[page] = refs
         if any(r is not None for r in refs):
             pages[page] = w.put(json_blob({"leaves": refs}))
         else:
             pages.pop(page, None)
+    # ---- the chunk list: pages of CHUNK_PAGE entries written once (those still equal
+    # to the new list's kept), the rest listed by the root
+    chunk_pages = [] if full else list(written.chunk_pages)
+    keep = 0
+    while keep < len(chunk_pages) and \
+            chunks[keep * CHUNK_PAGE:(keep + 1) * CHUNK_PAGE] == \
+            written.chunks[keep * CHUNK_PAGE:(keep + 1) * CHUNK_PAGE]:
+        keep += 1
+    for ref in chunk_pages[keep:]:  # a merge reached into them: listed again
+        w.drop(ref)
+    chunk_pages = chunk_pages[:keep]
+    listed = keep * CHUNK_PAGE
+    while len(chunks) - listed >= CHUNK_PAGE + CHUNK_FANIN:
+        chunk_pages.append(w.put(json_blob({
+            "prev": chunk_pages[-1] if chunk_pages else None,
+            "chunks": chunks[listed:listed + CHUNK_PAGE]})))
+        listed += CHUNK_PAGE
     # ---- questions (written once per store generation) and the root
     qref = written.questions
     if full or qref is None:
@@ -391,8 +498,10 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     root = dict(inp.header)
     root.update(format=FORMAT_NAME, version=FORMAT_VERSION, commit=commit, lsn=int(inp.lsn),
                 generation=int(t.generation), graphs=sorted(keys),
-                dim=int(t.gran.shape[-1]), questions=qref, chunks=chunks,
-                directory={"conversations": len(segments), "next_ordinal": next_ordinal,
+                dim=t.dim, questions=qref, chunks=chunks[listed:],
+                chunk_pages={"last": chunk_pages[-1] if chunk_pages else None,
+                             "pages": len(chunk_pages)},
+                directory={"conversations": n_conv, "next_ordinal": next_ordinal,
                            "pages": [pages.get(i) for i in range(_L1)]})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
     body = json_blob(root)
@@ -408,7 +517,9 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     root_ref = w.put(body)
     return Written(commit=commit, root=root_ref, lsn=int(inp.lsn), generation=int(t.generation),
                    chunks=chunks, questions=qref, packs=w.packs, segments=segments,
-                   leaves=leaves, pages=pages, next_ordinal=next_ordinal)
+                   leaves=leaves, pages=pages, next_ordinal=next_ordinal,
+                   page_leaves=page_leaves, conversations=n_conv,
+                   directory=None if full else written.directory, chunk_pages=chunk_pages)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -487,6 +598,70 @@ def _store(r: PackReader, chunks: list, where: str) -> tuple[dict, int, int]:
     return store_of(parts), expect_slot, expect_term
 
 
+def _follow(chunks: list, where: str, start: tuple = (0, 0),
+            terms: bool = False) -> tuple[int, int]:
+    """The chunk entries ``chunks`` follow one another from ``start`` (a slot and a
+    vocabulary term; checked without reading the chunks; ``terms``: a store with a
+    vocabulary, whose chunks may add terms); the slot and term after the last."""
+    expect_slot, expect_term = start
+    for i, c in enumerate(chunks):
+        slots, terms_ = _want(f"{where}: chunks[{i}]", c, "slots", list), \
+            _want(f"{where}: chunks[{i}]", c, "terms", list)
+        if slots[:1] != [expect_slot] or terms_[:1] != [expect_term] or len(slots) != 2 \
+                or len(terms_) != 2 or type(slots[1]) is not int or slots[1] < slots[0] \
+                or type(terms_[1]) is not int or terms_[1] < terms_[0] \
+                or (not terms and terms_[1] != terms_[0]):
+            raise IndexFormatError(f"{where}: chunks[{i}] does not follow the previous one "
+                                   "(slots or terms)")
+        _want(f"{where}: chunks[{i}]", c, "ref", list)
+        expect_slot, expect_term = slots[1], terms_[1]
+    return expect_slot, expect_term
+
+
+def _chunk_pages(r: PackReader, root: dict, where: str) -> tuple[list, list]:
+    """``(page refs, chunk entries)`` of the root's chunk pages, in order, each page
+    read (CRC-32) and checked: ``{"prev", "chunks"}``, :data:`CHUNK_PAGE` entries that
+    follow one another from the previous page's; the first page names none before it.
+    A root without ``chunk_pages`` (written before chunk pages) lists every chunk."""
+    if "chunk_pages" not in root:
+        return [], []
+    cp = _want(where, root, "chunk_pages", dict)
+    n = _want(f"{where}: chunk_pages", cp, "pages", int)
+    if not 0 <= n <= MAX_CHUNK_PAGES:
+        raise IndexFormatError(f"{where}: chunk_pages: field 'pages': {n} is out of range")
+    if "last" not in cp:
+        raise IndexFormatError(f"{where}: chunk_pages: field 'last': missing")
+    if set(cp) != {"last", "pages"}:
+        raise IndexFormatError(f"{where}: chunk_pages: unknown fields "
+                               f"{sorted(set(cp) - {'last', 'pages'})[:4]}")
+    refs, pages, ref = [], [], cp["last"]
+    for k in range(n - 1, -1, -1):
+        what = f"store chunk page {k}"
+        if ref is None:
+            raise IndexFormatError(f"{where}: {what}: missing (the root counts {n} pages)")
+        doc = r.json(ref, what)
+        at = f"{r.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
+        entries = _want(at, doc, "chunks", list)
+        if "prev" not in doc or set(doc) != {"prev", "chunks"}:
+            raise IndexFormatError(f"{at}: expected the fields 'prev' and 'chunks'")
+        if len(entries) != CHUNK_PAGE:
+            raise IndexFormatError(f"{at}: {len(entries)} chunks, not {CHUNK_PAGE}")
+        refs.append(ref)
+        pages.append((at, entries))
+        ref = doc["prev"]
+    if ref is not None:
+        raise IndexFormatError(f"{where}: store chunk page 0 names a page before it (the "
+                               f"root counts {n} pages)")
+    refs.reverse()
+    pages.reverse()
+    out: list = []
+    at_end = (0, 0)
+    for at, entries in pages:
+        at_end = _follow(entries, at, at_end, terms=root.get("lexical") is not None)
+        out += entries
+    return refs, out
+
+
 def store_of(parts: list) -> dict:
     """The session store's tensors of its chunks' tensors ``parts`` (in slot order),
     laid end to end (pointers rebased)."""
@@ -554,70 +729,46 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
                    ("directory", dict), ("packs", dict), ("params", dict), ("config", dict),
                    ("dim", int)):
         _want(where, root, k, typ)
-    chunks = root["chunks"]
+    page_refs, chunks = _chunk_pages(r, root, where)
+    chunks = chunks + root["chunks"]
     if not chunks:
         raise IndexFormatError(f"{where}: field 'chunks': empty")
-    store, n_slots, n_terms = _store(r, chunks, where)
+    from .directory import Directory
+
+    directory = Directory(folder, root, where, 0, root["graphs"])
+    if root.get("lexical") is None:  # read a chunk at a time, when needed
+        from ..memory.chunks import ChunkedStore
+
+        if any(isinstance(c, dict) and isinstance(c.get("terms"), list) and
+               len(c["terms"]) == 2 and c["terms"][0] != c["terms"][1] for c in chunks):
+            raise IndexFormatError(f"{where}: field 'lexical': the header and the store "
+                                   "disagree on lexical documents")
+
+        paged = len(chunks) - len(root["chunks"])
+        start = (chunks[paged - 1]["slots"][1], 0) if paged else (0, 0)
+        n_slots, n_terms = _follow(root["chunks"], where, start)[0], 0
+        store = ChunkedStore(directory.reader, chunks,
+                             {k: root.get(k) for k in ("dim", "tables", "lexical")}, where)
+    else:
+        store, n_slots, n_terms = _store(r, chunks, where)
+    directory.n_slots = n_slots
     qx, qmeta = r.tensors(root.get("questions"), "the questions")
     questions = {"records": qmeta.get("records"), "conversations": qmeta.get("conversations"),
                  "q_emb": qx.get("q_emb"),
                  "terms": (qx["q.indptr"], qx["q.indices"], qx["q.tf"])
                  if "q.indptr" in qx else None}
-    directory = root["directory"]
-    page_refs = _want(f"{where}: directory", directory, "pages", list)
-    if len(page_refs) != _L1:
-        raise IndexFormatError(f"{where}: directory: {len(page_refs)} pages, not {_L1}")
-    entries, leaves, pages = [], {}, {}
-    for i, pref in enumerate(page_refs):
-        if pref is None:
-            continue
-        page = r.json(pref, f"directory page {i}")
-        lrefs = _want(f"{where}: page {i}", page, "leaves", list)
-        if len(lrefs) != _LEAF:
-            raise IndexFormatError(f"{where}: directory page {i}: {len(lrefs)} leaves")
-        pages[i] = pref
-        for j, lref in enumerate(lrefs):
-            if lref is None:
-                continue
-            leaf = r.json(lref, f"directory leaf {i}.{j}")
-            got = _want(f"{where}: leaf {i}.{j}", leaf, "entries", list)
-            mine = {}
-            for e in got:
-                if not (isinstance(e, list) and len(e) == 7 and isinstance(e[0], str)
-                        and all(type(x) is int and x >= 0 for x in e[1:])):
-                    raise IndexFormatError(f"{where}: leaf {i}.{j}: an entry is not [id, "
-                                           "ordinal, pack, offset, length, crc32, sessions]")
-                if _leaf_of(e[0]) != (i, j):
-                    raise IndexFormatError(f"{where}: leaf {i}.{j}: conversation "
-                                           f"{e[0][:80]!r} does not belong in it")
-                mine[e[0]] = e
-            leaves[(i, j)] = (lref, mine)
-            entries.extend(got)
-    n_conv = _want(f"{where}: directory", directory, "conversations", int)
-    if n_conv != len(entries):
-        raise IndexFormatError(f"{where}: the directory lists {len(entries)} conversations, "
-                               f"the root says {n_conv}")
-    entries.sort(key=lambda e: e[1])
-    segments, written_segs = [], {}
-    for e in entries:
-        x, meta = r.tensors(e[2:6], f"conversation {e[0][:80]!r}")
-        graphs = {k[6:-7]: (x[k], x.get(k[:-7] + ".indices")) for k in x
-                  if k.startswith("graph.") and k.endswith(".indptr")}
-        if meta.get("id") != e[0] or x.get("slots") is None or x["slots"].numel() != e[6]:
-            raise IndexFormatError(f"{where}: conversation {e[0][:80]!r}: its segment does "
-                                   "not match its directory entry")
-        segments.append((meta, x["slots"], x.get("days"), graphs))
-        written_segs[e[0]] = (None, e)
     header = {k: root.get(k) for k in ("params", "graphs", "config", "tables", "lexical",
                                        "signal_modules", "generation", "lsn", "dim")}
     header["n_slots"], header["n_terms"] = n_slots, n_terms
     written = Written(commit=root["commit"], root=pointer["root"], lsn=root["lsn"],
                       generation=root["generation"], chunks=list(chunks),
+                      chunk_pages=page_refs,
                       questions=root.get("questions"),
                       packs={int(k): dict(v) for k, v in root["packs"].items()},
-                      segments=written_segs, leaves=leaves, pages=pages,
-                      next_ordinal=int(directory.get("next_ordinal", len(entries))))
-    return Parts(header, store, segments, questions), written
+                      pages={i: p for i, p in enumerate(directory.pages) if p is not None},
+                      next_ordinal=directory.next_ordinal,
+                      conversations=directory.count, directory=directory)
+    return Parts(header, store, directory, questions), written
 
 
 def cut_uncommitted(folder, written: Written) -> None:

@@ -228,7 +228,7 @@ def read_snapshot(folder) -> Snapshot:
                            f"while it was read ({last}); try again")
 
 
-def assemble(cls, parts, where: str):
+def assemble(cls, parts, where: str, **options):
     """The memory (a ``cls``) of checked ``parts``: the one validation
     (:func:`~memgas_gpu.storage.validate.check_parts`) and the one assembler
     (``cls.from_parts``); the modules of custom signals the folder records are imported
@@ -239,7 +239,7 @@ def assemble(cls, parts, where: str):
 
     check_parts(where, parts)
     try:
-        idx = cls.from_parts(parts)
+        idx = cls.from_parts(parts, **options)
     except (KeyError, TypeError, ValueError, IndexError) as e:  # checks missed something
         raise IndexFormatError(f"{where}: inconsistent index ({type(e).__name__}: {e})") \
             from None
@@ -273,7 +273,7 @@ def replay(idx, records, where: str) -> tuple[int, Optional[int]]:
     return n, last
 
 
-def load_index(path, cls):
+def load_index(path, cls, **options):
     """The memory in the folder ``path`` (any format) as a ``cls`` (a
     :class:`~memgas_gpu.memory.MemoryIndex`) in memory only: its last commit and the
     log records after it (as its writer made them durable); ``folder_version`` names
@@ -286,7 +286,7 @@ def load_index(path, cls):
     folder = Path(path)
     snap = read_snapshot(folder)
     where = str(folder / POINTER)
-    idx = assemble(cls, snap.parts, where)
+    idx = assemble(cls, snap.parts, where, **options)
     replay(idx, snap.records, str(folder / WAL))
     real = os.path.realpath(folder)
     idx.folder_version = FolderVersion(real, snap.version)

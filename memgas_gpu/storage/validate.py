@@ -200,7 +200,7 @@ def check_questions(where: str, records: Any, conversations: Any, conv_ids) -> N
     if not isinstance(conversations, list) or len(conversations) != len(records):
         raise IndexFormatError(f"{where}: field 'question_conversations': expected one "
                                "conversation id per question")
-    known = set(conv_ids)
+    known = conv_ids if isinstance(conv_ids, _Known) else set(conv_ids)
     for i, c in enumerate(conversations):
         if c not in known:
             raise IndexFormatError(f"{where}: field 'question_conversations[{i}]': "
@@ -322,11 +322,21 @@ def check_parts(where: str, parts) -> None:
     """
     h = parts.header
     check_header(where, h)
-    n_slots, dim, n_terms = check_store(where, parts.store, h)
-    check_segments(where, parts.segments, n_slots, h["graphs"])
+    if isinstance(parts.store, dict):
+        n_slots, dim, n_terms = check_store(where, parts.store, h)
+    else:  # chunks read when needed, each checked then
+        n_slots, dim, n_terms = parts.store.n_slots, parts.store.dim, 0
+        tables = h.get("tables")
+        if tables is not None and sorted(tables) != parts.store.dense_names:
+            raise IndexFormatError(f"{where}: field 'tables': {sorted(tables)}, the store "
+                                   f"holds {parts.store.dense_names}")
     q = parts.questions
-    check_questions(where, q.get("records"), q.get("conversations"),
-                    [m["id"] for m, *_ in parts.segments])
+    if isinstance(parts.segments, list):
+        check_segments(where, parts.segments, n_slots, h["graphs"])
+        known = [m["id"] for m, *_ in parts.segments]
+    else:  # a directory read lazily: each segment is checked when it is read
+        known = _Known(parts.segments)
+    check_questions(where, q.get("records"), q.get("conversations"), known)
     n_q = len(q["records"])
     q_emb = _tensor(where, {"q_emb": q.get("q_emb")} if q.get("q_emb") is not None else {},
                     "q_emb", 2, _FLOATS, shape=(n_q, dim))
@@ -340,6 +350,16 @@ def check_parts(where: str, parts) -> None:
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+class _Known:
+    """The conversation ids of a directory read lazily (one leaf read per lookup)."""
+
+    def __init__(self, directory) -> None:
+        self.directory = directory
+
+    def __contains__(self, cid) -> bool:
+        return isinstance(cid, str) and self.directory.entry(cid) is not None
 
 
 def _names(where: str, names: list, field: str) -> None:
