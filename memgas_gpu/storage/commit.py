@@ -36,7 +36,6 @@ cut off by the next writer.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -51,7 +50,8 @@ from .._io import json_loads
 from . import files
 from .pack import (DATA, MAX_JSON_BYTES, PACK_HEADER_BYTES, PackReader, PackWriter,
                    json_blob, pack_files, pack_name, tensor_blob)
-from .validate import IndexFormatError
+from .directory import LEAVES, PAGES, leaf_of
+from .validate import IndexFormatError, want
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "POINTER", "DATA", "WAL", "Written",
            "CommitInput", "Parts", "write_commit", "read_commit", "read_pointer",
@@ -79,11 +79,6 @@ MAX_CHUNK_PAGES = 1 << 24
 #: a full commit replaces the packs once superseded blobs outweigh the live ones and
 #: take more than this many bytes
 GARBAGE_BYTES = 1 << 20
-_L1 = _LEAF = 64
-def _leaf_of(cid: str) -> tuple[int, int]:
-    h = int.from_bytes(hashlib.blake2b(cid.encode("utf-8", "surrogatepass"),
-                                       digest_size=8).digest(), "little")
-    return (h >> 6) % _L1, h % _LEAF
 
 
 # ---------------------------------------------------------------------------- what is written
@@ -143,7 +138,7 @@ class Written:
             return got
         if self.directory is not None:
             return self.directory.page_leaves(page)
-        return [None] * _LEAF
+        return [None] * LEAVES
 
     def leaf_entries(self, key: tuple) -> dict:
         """``{id: entry}`` of the leaf ``(page, leaf)`` in this commit."""
@@ -156,7 +151,7 @@ class Written:
 
     def entry(self, cid: str) -> Optional[list]:
         """The directory entry of a conversation in this commit, or None."""
-        return self.leaf_entries(_leaf_of(cid)).get(cid)
+        return self.leaf_entries(leaf_of(cid)).get(cid)
 
     @property
     def n_slots(self) -> int:
@@ -417,7 +412,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
             entry = [cid, int(ordinal), *ref, seg.n]
             last = max(last, int(ordinal))
             segments[cid] = (seg.version, entry)
-            leaves.setdefault(_leaf_of(cid), {})[cid] = entry
+            leaves.setdefault(leaf_of(cid), {})[cid] = entry
         work = leaves
         leaves = {}
         n_conv = len(segments)
@@ -428,7 +423,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
         n_conv, next_ordinal = inp.n_conversations, inp.next_ordinal
         work = {}
         for cid, (ordinal, seg) in inp.changed.items():
-            key = _leaf_of(cid)
+            key = leaf_of(cid)
             cur = work[key] if key in work else written.leaf_entries(key)
             old = cur.get(cid)
             if seg is None:  # forgotten
@@ -463,7 +458,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     for page in sorted({k[0] for k in work}):
         if not full:
             w.drop(pages.get(page))
-        refs = list(written.page_leaf_refs(page)) if not full else [None] * _LEAF
+        refs = list(written.page_leaf_refs(page)) if not full else [None] * LEAVES
         for (p, j), (ref, _) in leaves.items():
             if p == page:
                 refs[j] = ref
@@ -502,7 +497,7 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                 chunk_pages={"last": chunk_pages[-1] if chunk_pages else None,
                              "pages": len(chunk_pages)},
                 directory={"conversations": n_conv, "next_ordinal": next_ordinal,
-                           "pages": [pages.get(i) for i in range(_L1)]})
+                           "pages": [pages.get(i) for i in range(PAGES)]})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
     body = json_blob(root)
     root_ref = [w.pack, w.end, 0, 0]
@@ -553,15 +548,6 @@ def read_pointer(folder) -> dict:
     return m
 
 
-def _want(where: str, obj, key: str, typ):
-    if not isinstance(obj, dict) or key not in obj:
-        raise IndexFormatError(f"{where}: field {key!r}: missing")
-    v = obj[key]
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise IndexFormatError(f"{where}: field {key!r}: expected {typ.__name__}, got "
-                               f"{type(v).__name__}")
-    return v
-
 
 def _cat_ptr(parts: list) -> Tensor:
     out, base = [torch.zeros(1, dtype=torch.int64)], 0
@@ -575,8 +561,8 @@ def _store(r: PackReader, chunks: list, where: str) -> tuple[dict, int, int]:
     parts = []
     expect_slot = expect_term = 0
     for i, c in enumerate(chunks):
-        slots, terms = _want(f"{where}: chunks[{i}]", c, "slots", list), \
-            _want(f"{where}: chunks[{i}]", c, "terms", list)
+        slots, terms = want(f"{where}: chunks[{i}]", c, "slots", list), \
+            want(f"{where}: chunks[{i}]", c, "terms", list)
         if slots[:1] != [expect_slot] or terms[:1] != [expect_term] or len(slots) != 2 \
                 or len(terms) != 2:
             raise IndexFormatError(f"{where}: chunks[{i}] does not follow the previous one "
@@ -605,15 +591,15 @@ def _follow(chunks: list, where: str, start: tuple = (0, 0),
     vocabulary, whose chunks may add terms); the slot and term after the last."""
     expect_slot, expect_term = start
     for i, c in enumerate(chunks):
-        slots, terms_ = _want(f"{where}: chunks[{i}]", c, "slots", list), \
-            _want(f"{where}: chunks[{i}]", c, "terms", list)
+        slots, terms_ = want(f"{where}: chunks[{i}]", c, "slots", list), \
+            want(f"{where}: chunks[{i}]", c, "terms", list)
         if slots[:1] != [expect_slot] or terms_[:1] != [expect_term] or len(slots) != 2 \
                 or len(terms_) != 2 or type(slots[1]) is not int or slots[1] < slots[0] \
                 or type(terms_[1]) is not int or terms_[1] < terms_[0] \
                 or (not terms and terms_[1] != terms_[0]):
             raise IndexFormatError(f"{where}: chunks[{i}] does not follow the previous one "
                                    "(slots or terms)")
-        _want(f"{where}: chunks[{i}]", c, "ref", list)
+        want(f"{where}: chunks[{i}]", c, "ref", list)
         expect_slot, expect_term = slots[1], terms_[1]
     return expect_slot, expect_term
 
@@ -625,8 +611,8 @@ def _chunk_pages(r: PackReader, root: dict, where: str) -> tuple[list, list]:
     A root without ``chunk_pages`` (written before chunk pages) lists every chunk."""
     if "chunk_pages" not in root:
         return [], []
-    cp = _want(where, root, "chunk_pages", dict)
-    n = _want(f"{where}: chunk_pages", cp, "pages", int)
+    cp = want(where, root, "chunk_pages", dict)
+    n = want(f"{where}: chunk_pages", cp, "pages", int)
     if not 0 <= n <= MAX_CHUNK_PAGES:
         raise IndexFormatError(f"{where}: chunk_pages: field 'pages': {n} is out of range")
     if "last" not in cp:
@@ -641,7 +627,7 @@ def _chunk_pages(r: PackReader, root: dict, where: str) -> tuple[list, list]:
             raise IndexFormatError(f"{where}: {what}: missing (the root counts {n} pages)")
         doc = r.json(ref, what)
         at = f"{r.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        entries = _want(at, doc, "chunks", list)
+        entries = want(at, doc, "chunks", list)
         if "prev" not in doc or set(doc) != {"prev", "chunks"}:
             raise IndexFormatError(f"{at}: expected the fields 'prev' and 'chunks'")
         if len(entries) != CHUNK_PAGE:
@@ -728,7 +714,7 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
     for k, typ in (("lsn", int), ("generation", int), ("chunks", list), ("graphs", list),
                    ("directory", dict), ("packs", dict), ("params", dict), ("config", dict),
                    ("dim", int)):
-        _want(where, root, k, typ)
+        want(where, root, k, typ)
     page_refs, chunks = _chunk_pages(r, root, where)
     chunks = chunks + root["chunks"]
     if not chunks:

@@ -18,25 +18,31 @@ open files (as a Lucene reader keeps the segment files of its commit point).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
 from .pack import PackReader, pack_name
-from .validate import IndexFormatError, check_segments
+from .validate import IndexFormatError, check_segments, want
 
-__all__ = ["Directory", "LEAF_CACHE"]
+__all__ = ["Directory", "LEAF_CACHE", "PAGES", "LEAVES", "leaf_of"]
 
 #: directory leaves kept parsed (each about n / 4096 entries; a lookup that misses
 #: reads one small blob)
 LEAF_CACHE = 1024
 
 
-def leaf_of(cid: str) -> tuple[int, int]:
-    from .commit import _leaf_of
+#: first-level pages of the directory, and leaves of each page
+PAGES = LEAVES = 64
 
-    return _leaf_of(cid)
+
+def leaf_of(cid: str) -> tuple[int, int]:
+    """The (page, leaf) of a conversation id: by its BLAKE2b hash."""
+    h = int.from_bytes(hashlib.blake2b(cid.encode("utf-8", "surrogatepass"),
+                                       digest_size=8).digest(), "little")
+    return (h >> 6) % PAGES, h % LEAVES
 
 
 class Directory:
@@ -52,18 +58,17 @@ class Directory:
 
     def __init__(self, folder: Path, root: dict, where: str, n_slots: int,
                  graphs: list) -> None:
-        from .commit import _L1, _want
 
         self.folder = Path(folder)
         self.where = where
         self.n_slots = n_slots
         self.graphs = list(graphs)
         directory = root["directory"]
-        pages = _want(f"{where}: directory", directory, "pages", list)
-        if len(pages) != _L1:
-            raise IndexFormatError(f"{where}: directory: {len(pages)} pages, not {_L1}")
+        pages = want(f"{where}: directory", directory, "pages", list)
+        if len(pages) != PAGES:
+            raise IndexFormatError(f"{where}: directory: {len(pages)} pages, not {PAGES}")
         self.pages = list(pages)
-        self.count = _want(f"{where}: directory", directory, "conversations", int)
+        self.count = want(f"{where}: directory", directory, "conversations", int)
         self.next_ordinal = int(directory.get("next_ordinal", self.count))
         self.reader = PackReader(self.folder)
         self._lock = threading.Lock()
@@ -90,7 +95,6 @@ class Directory:
     # ------------------------------------------------------------------ the directory
     def page_leaves(self, page: int) -> list:
         """The 64 leaf refs of first-level ``page`` (None: no conversation there)."""
-        from .commit import _LEAF, _want
 
         with self._lock:
             got = self._page_leaves.get(page)
@@ -98,11 +102,11 @@ class Directory:
             return got
         ref = self.pages[page]
         if ref is None:
-            got = [None] * _LEAF
+            got = [None] * LEAVES
         else:
             doc = self.reader.json(ref, f"directory page {page}")
-            got = _want(f"{self.where}: page {page}", doc, "leaves", list)
-            if len(got) != _LEAF:
+            got = want(f"{self.where}: page {page}", doc, "leaves", list)
+            if len(got) != LEAVES:
                 raise IndexFormatError(f"{self.where}: directory page {page}: {len(got)} "
                                        "leaves")
         with self._lock:
@@ -126,12 +130,11 @@ class Directory:
         return got
 
     def _read_leaf(self, key: tuple, ref) -> dict:
-        from .commit import _want
 
         i, j = key
         doc = self.reader.json(ref, f"directory leaf {i}.{j}")
         self.reads["leaves"] += 1
-        got = _want(f"{self.where}: leaf {i}.{j}", doc, "entries", list)
+        got = want(f"{self.where}: leaf {i}.{j}", doc, "entries", list)
         mine: dict = {}
         for e in got:
             if not (isinstance(e, list) and len(e) == 7 and isinstance(e[0], str)
@@ -154,14 +157,13 @@ class Directory:
 
     def entries(self) -> list:
         """Every entry, in the memory's order (every leaf read, no segment)."""
-        from .commit import _L1, _LEAF
 
         out = []
-        for i in range(_L1):
+        for i in range(PAGES):
             if self.pages[i] is None:
                 continue
             refs = self.page_leaves(i)
-            for j in range(_LEAF):
+            for j in range(LEAVES):
                 if refs[j] is not None:
                     out.extend(self.leaf((i, j)).values())
         if len(out) != self.count:

@@ -32,7 +32,7 @@ from ..retrieve.signals import MODULE_NAME, RESERVED_TABLES
 from ..retrieve.filters import check_metadata
 from ..memory.store import DIGEST_BYTES
 
-__all__ = ["IndexFormatError", "check_parts", "check_header", "check_conversations",
+__all__ = ["IndexFormatError", "want", "check_parts", "check_header", "check_conversations",
            "check_questions", "check_store", "check_segments", "EMBEDDINGS", "MAX_SETTING"]
 
 #: tensors holding embeddings: refused when they hold NaN or inf
@@ -437,4 +437,13 @@ def _texts(where: str, t: dict, pre: str, n: Optional[int]) -> None:
         raise IndexFormatError(f"{where}: tensor '{pre}.offsets': a string starts inside a "
                                "UTF-8 character")
 
-
+def want(where: str, obj, key: str, typ):
+    """The field ``key`` of the JSON object ``obj`` (read at ``where``), of type ``typ``
+    (a bool is not an int); IndexFormatError naming the field otherwise."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise IndexFormatError(f"{where}: field {key!r}: missing")
+    v = obj[key]
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise IndexFormatError(f"{where}: field {key!r}: expected {typ.__name__}, got "
+                               f"{type(v).__name__}")
+    return v
