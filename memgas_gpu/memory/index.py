@@ -37,6 +37,7 @@ from ..data.model import Dataset, Question, Session, per_session
 from ..errors import MemgasError
 from ..expand.expansion import expand_dataset
 from .cache import DEFAULT_MAX_VIEWS, ViewCache
+from .chunks import ChunkedStore
 from .durable import Durable
 from .lazy import MAX_RESIDENT_BYTES, Base, Resident
 from .embed import embed_sessions, encode_unique
@@ -175,7 +176,7 @@ class MemoryIndex:
                                    {g: TermMatrix(*v) for g, v in docs.items()}, dict(ptr),
                                    queries)
         if not isinstance(s, dict):  # the commit's chunks, read when needed
-            store = SessionStore.lazy(s, int(h.get("generation") or 0))
+            store = SessionStore.lazy(ChunkedStore(s), int(h.get("generation") or 0))
         else:
             store = SessionStore(s["gran"].float(),
                                  {k: v.float() for k, v in s["dense"].items()},

@@ -34,8 +34,8 @@ from torch import Tensor
 from ..granularity import expand_ranges
 from .texts import TextTable
 
-__all__ = ["Growable", "StoreTables", "SessionStore", "COMPACT_MIN_GARBAGE", "DIGEST_BYTES",
-           "session_digest", "has_unused_terms", "without_unused_terms"]
+__all__ = ["Growable", "StoreTables", "LazyTables", "concat_tables", "SessionStore",
+           "COMPACT_MIN_GARBAGE", "DIGEST_BYTES", "session_digest", "has_unused_terms", "without_unused_terms"]
 
 #: garbage slots (sessions no conversation holds any more) below which the store is never
 #: compacted; above it, when they outnumber half the slots
@@ -330,8 +330,6 @@ class SessionStore:
         tail = self._tail_tables()
         if self.base is None:
             return tail
-        from .chunks import LazyTables
-
         return LazyTables(self.base, tail, self.generation)
 
     def _tail_tables(self) -> StoreTables:
@@ -492,3 +490,137 @@ class SessionStore:
                           if int(remap[s]) >= 0}
         new.garbage = 0
         return new, remap
+
+def _cat_ptr(ptrs: list) -> Tensor:
+    out, base = [torch.zeros(1, dtype=torch.int64)], 0
+    for p in ptrs:
+        out.append(p[1:] + base)
+        base += int(p[-1])
+    return torch.cat(out)
+
+
+def concat_tables(parts: list, like: StoreTables) -> StoreTables:
+    """Tables of several slot sets laid end to end (``like``: whose vocabulary and
+    generation the result keeps)."""
+    gran = torch.cat([p.gran for p in parts])
+    dense = {k: torch.cat([p.dense[k] for p in parts]) for k in parts[0].dense}
+    digest = torch.cat([p.digest for p in parts]) if parts[0].digest is not None else None
+    turn_ptr = _cat_ptr([p.turn_ptr for p in parts]) if parts[0].turn_ptr is not None \
+        else None
+    turns = torch.cat([p.turns for p in parts]) if parts[0].turns is not None else None
+    text = None
+    if parts[0].turn_text is not None:
+        datas, offs = [], []
+        for p in parts:
+            end = int(p.turn_text.offsets[-1])
+            datas.append(p.turn_text.data[:end])
+            offs.append(p.turn_text.offsets)
+        data = torch.cat(datas)
+        text = TextTable(data if data.numel() else torch.zeros(1, dtype=torch.uint8),
+                         _cat_ptr(offs))
+    return StoreTables(gran, dense, turns, turn_ptr, text, None, None, like.lexical_base,
+                       like.n_terms, digest, like.generation)
+
+
+@dataclass(frozen=True)
+class LazyTables:
+    """A store snapshot over a commit's chunks (slots ``[0, base.n_slots)``) and the
+    slots appended since (``tail``, in RAM): see :mod:`.chunks`.  Reads take
+    rows (:meth:`take`); the whole-table attributes (``gran``, ``dense``, ...) read
+    every chunk (a save, a compaction)."""
+
+    base: object  # a memgas_gpu.memory.chunks.ChunkedStore
+    tail: StoreTables
+    generation: int = 0
+
+    @property
+    def n_slots(self) -> int:
+        return self.base.n_slots + self.tail.n_slots
+
+    @property
+    def dim(self) -> int:
+        return self.base.dim
+
+    @property
+    def dense_names(self) -> list:
+        return sorted(self.tail.dense)
+
+    lexical_base = None
+    lexical_docs = None
+    lexical_ptr = None
+    n_terms = 0
+    lazy = True
+
+    def take(self, slots: Tensor) -> StoreTables:
+        """The tables of ``slots`` only, in that order (slot ``slots[i]`` becomes ``i``),
+        read from the chunks that hold them."""
+        slots = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+        n0 = self.base.n_slots
+        parts, order = [], []
+        at = 0
+        if slots.numel():
+            base = slots < n0
+            idx = torch.nonzero(base).squeeze(1)
+            if idx.numel():
+                bs = slots[idx]
+                chunk = torch.tensor([self.base.chunk_of(int(s)) for s in bs.tolist()])
+                for c in torch.unique(chunk).tolist():
+                    sel = idx[chunk == c]
+                    local = slots[sel] - self.base.starts[c]
+                    parts.append(self.base.chunk(c).take(local))
+                    order.append(sel)
+            tidx = torch.nonzero(~base).squeeze(1)
+            if tidx.numel():
+                parts.append(self.tail.take(slots[tidx] - n0))
+                order.append(tidx)
+        if not parts:
+            return self.tail.take(torch.zeros(0, dtype=torch.int64))
+        whole = concat_tables(parts, self.tail) if len(parts) > 1 else \
+            StoreTables(parts[0].gran, parts[0].dense, parts[0].turns, parts[0].turn_ptr,
+                        parts[0].turn_text, None, None, None, 0, parts[0].digest,
+                        self.generation)
+        at = torch.cat(order)
+        if torch.equal(at, torch.arange(slots.numel())):
+            return _with_generation(whole, self.generation)
+        inv = torch.empty_like(at)
+        inv[at] = torch.arange(at.numel())
+        return _with_generation(whole.take(inv), self.generation)
+
+    def _all(self) -> StoreTables:
+        return self.take(torch.arange(self.n_slots))
+
+    # whole tables (every chunk read): what a save or a compaction needs
+    @property
+    def gran(self) -> Tensor:
+        return self._all().gran
+
+    @property
+    def dense(self) -> dict:
+        return self._all().dense
+
+    @property
+    def digest(self) -> Optional[Tensor]:
+        return self._all().digest
+
+    @property
+    def turns(self):
+        return self._all().turns
+
+    @property
+    def turn_ptr(self):
+        return self._all().turn_ptr
+
+    @property
+    def turn_text(self):
+        return self._all().turn_text
+
+    @property
+    def concat(self):
+        return self.dense.get("concat")
+
+    def lexical_index(self):
+        return None
+
+
+def _with_generation(t: StoreTables, generation: int) -> StoreTables:
+    return t if t.generation == generation else replace(t, generation=generation)

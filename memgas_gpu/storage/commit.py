@@ -50,12 +50,13 @@ from .._io import json_loads
 from . import files
 from .pack import (DATA, MAX_JSON_BYTES, PACK_HEADER_BYTES, PackReader, PackWriter,
                    json_blob, pack_files, pack_name, tensor_blob)
+from .chunks import StoreChunks, store_of
 from .directory import LEAVES, PAGES, leaf_of
 from .validate import IndexFormatError, want
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "POINTER", "DATA", "WAL", "Written",
            "CommitInput", "Parts", "write_commit", "read_commit", "read_pointer",
-           "IndexFormatError", "cut_uncommitted", "store_of", "vocab_tensors"]
+           "IndexFormatError", "cut_uncommitted", "vocab_tensors"]
 
 FORMAT_NAME = "memgas_gpu.index"
 #: the folder format this version writes
@@ -549,14 +550,6 @@ def read_pointer(folder) -> dict:
 
 
 
-def _cat_ptr(parts: list) -> Tensor:
-    out, base = [torch.zeros(1, dtype=torch.int64)], 0
-    for p in parts:
-        out.append(p[1:] + base)
-        base += int(p[-1])
-    return torch.cat(out)
-
-
 def _store(r: PackReader, chunks: list, where: str) -> tuple[dict, int, int]:
     parts = []
     expect_slot = expect_term = 0
@@ -648,40 +641,6 @@ def _chunk_pages(r: PackReader, root: dict, where: str) -> tuple[list, list]:
     return refs, out
 
 
-def store_of(parts: list) -> dict:
-    """The session store's tensors of its chunks' tensors ``parts`` (in slot order),
-    laid end to end (pointers rebased)."""
-    from ..memory.texts import TextTable
-
-    s: dict = {}
-    s["gran"] = torch.cat([x["gran"] for x in parts]).float()
-    dense = sorted(k for k in parts[0] if k.startswith("dense."))
-    s["dense"] = {k[6:]: torch.cat([x[k] for x in parts]).float() for k in dense}
-    s["digest"] = torch.cat([x["digest"] for x in parts]) if "digest" in parts[0] else None
-    s["turn_ptr"] = (_cat_ptr([x["turn_ptr"] for x in parts]) if "turn_ptr" in parts[0]
-                     else None)
-    s["turns"] = torch.cat([x["turns"] for x in parts]).float() if "turns" in parts[0] \
-        else None
-    if "turn_text.bytes" in parts[0]:
-        data = torch.cat([x["turn_text.bytes"] for x in parts])
-        s["turn_text"] = TextTable(data if data.numel() else torch.zeros(1, dtype=torch.uint8),
-                                   _cat_ptr([x["turn_text.offsets"] for x in parts]))
-    else:
-        s["turn_text"] = None
-    groups = sorted({k.split(".")[1] for k in parts[0] if k.startswith("lexical.")})
-    s["lexical"] = None
-    if "vocab.bytes" in parts[0]:
-        docs, ptr = {}, {}
-        for g in groups:
-            docs[g] = (_cat_ptr([x[f"lexical.{g}.indptr"] for x in parts]),
-                       torch.cat([x[f"lexical.{g}.indices"] for x in parts]),
-                       torch.cat([x[f"lexical.{g}.tf"] for x in parts]).float())
-            ptr[g] = _cat_ptr([x[f"lexical.{g}.doc_ptr"] for x in parts])
-        raw = torch.cat([x["vocab.bytes"] for x in parts])
-        s["lexical"] = (docs, ptr, raw, _cat_ptr([x["vocab.offsets"] for x in parts]))
-    return s
-
-
 def read_commit(folder, pointer: Optional[dict] = None) -> tuple[Parts, Written]:
     """Read the commit the folder's pointer (or ``pointer``) names, every blob's
     checksum checked; the parts still need :func:`memgas_gpu.storage.validate.
@@ -723,8 +682,6 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
 
     directory = Directory(folder, root, where, 0, root["graphs"])
     if root.get("lexical") is None:  # read a chunk at a time, when needed
-        from ..memory.chunks import ChunkedStore
-
         if any(isinstance(c, dict) and isinstance(c.get("terms"), list) and
                len(c["terms"]) == 2 and c["terms"][0] != c["terms"][1] for c in chunks):
             raise IndexFormatError(f"{where}: field 'lexical': the header and the store "
@@ -733,8 +690,8 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
         paged = len(chunks) - len(root["chunks"])
         start = (chunks[paged - 1]["slots"][1], 0) if paged else (0, 0)
         n_slots, n_terms = _follow(root["chunks"], where, start)[0], 0
-        store = ChunkedStore(directory.reader, chunks,
-                             {k: root.get(k) for k in ("dim", "tables", "lexical")}, where)
+        store = StoreChunks(directory.reader, chunks,
+                            {k: root.get(k) for k in ("dim", "tables", "lexical")}, where)
     else:
         store, n_slots, n_terms = _store(r, chunks, where)
     directory.n_slots = n_slots

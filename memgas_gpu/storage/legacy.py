@@ -24,7 +24,8 @@ import torch
 
 from .._io import find_surrogate, json_loads, may_hold_surrogate
 from . import files
-from .commit import Parts, store_of
+from .chunks import store_of
+from .commit import Parts
 from .validate import IndexFormatError
 
 __all__ = ["read_legacy", "legacy_files", "LEGACY_VERSION", "MAX_MANIFEST_BYTES"]
