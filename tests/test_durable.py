@@ -437,7 +437,8 @@ def test_the_options_are_settings_checked_before_anything(tmp_path, enc, option,
 
 def test_the_order_of_conversations_survives_forget_and_add_again(tmp_path, enc):
     """A conversation forgotten and added again comes last, in the memory and after a
-    reload of each commit (oracle: the order of the writes, by hand)."""
+    reload of each commit, also in a memory reopened on the folder (oracle: the order of
+    the writes, by hand)."""
     mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
     for c, p in (("A", 0), ("B", 3), ("C", 4), ("D", 5)):
         _add(mem, c, p, enc)
@@ -452,8 +453,16 @@ def test_the_order_of_conversations_survives_forget_and_add_again(tmp_path, enc)
     assert [c.id for c in MemoryIndex.load(tmp_path / "m").conversations] == \
         ["C", "D", "B", "A", "E"]
     mem.abandon()
-    assert [c.id for c in MemoryIndex.open(tmp_path / "m", encoder=enc).conversations] == \
-        ["C", "D", "B", "A", "E"]
+    mem = MemoryIndex.open(tmp_path / "m", encoder=enc)
+    assert [c.id for c in mem.conversations] == ["C", "D", "B", "A", "E"]
+    # reopened: the conversations are the folder's (read when needed); one forgotten and
+    # added again comes last too, not back in the folder's place
+    mem.forget_conversation("C")
+    _add(mem, "C", 4, enc)
+    assert [c.id for c in mem.conversations] == ["D", "B", "A", "E", "C"]
+    mem.close()
+    assert [c.id for c in MemoryIndex.load(tmp_path / "m").conversations] == \
+        ["D", "B", "A", "E", "C"]
 
 
 def test_a_merge_into_a_chunk_page_lists_its_chunks_again(tmp_path, enc, monkeypatch):
