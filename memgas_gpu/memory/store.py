@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..granularity import expand_ranges
+from ..ops.csr import join_pointers
 from .texts import TextTable
 
 __all__ = ["Growable", "StoreTables", "LazyTables", "concat_tables", "SessionStore",
@@ -491,13 +492,6 @@ class SessionStore:
         new.garbage = 0
         return new, remap
 
-def _cat_ptr(ptrs: list) -> Tensor:
-    out, base = [torch.zeros(1, dtype=torch.int64)], 0
-    for p in ptrs:
-        out.append(p[1:] + base)
-        base += int(p[-1])
-    return torch.cat(out)
-
 
 def concat_tables(parts: list, like: StoreTables) -> StoreTables:
     """Tables of several slot sets laid end to end (``like``: whose vocabulary and
@@ -505,7 +499,7 @@ def concat_tables(parts: list, like: StoreTables) -> StoreTables:
     gran = torch.cat([p.gran for p in parts])
     dense = {k: torch.cat([p.dense[k] for p in parts]) for k in parts[0].dense}
     digest = torch.cat([p.digest for p in parts]) if parts[0].digest is not None else None
-    turn_ptr = _cat_ptr([p.turn_ptr for p in parts]) if parts[0].turn_ptr is not None \
+    turn_ptr = join_pointers([p.turn_ptr for p in parts]) if parts[0].turn_ptr is not None \
         else None
     turns = torch.cat([p.turns for p in parts]) if parts[0].turns is not None else None
     text = None
@@ -517,7 +511,7 @@ def concat_tables(parts: list, like: StoreTables) -> StoreTables:
             offs.append(p.turn_text.offsets)
         data = torch.cat(datas)
         text = TextTable(data if data.numel() else torch.zeros(1, dtype=torch.uint8),
-                         _cat_ptr(offs))
+                         join_pointers(offs))
     return StoreTables(gran, dense, turns, turn_ptr, text, None, None, like.lexical_base,
                        like.n_terms, digest, like.generation)
 

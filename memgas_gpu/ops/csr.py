@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["empty_csr", "csr_edges", "join_csr", "split_csr"]
+__all__ = ["empty_csr", "csr_edges", "join_csr", "split_csr", "join_pointers"]
 
 
 def empty_csr(n_nodes: int) -> tuple[Tensor, Tensor]:
@@ -50,3 +50,13 @@ def split_csr(indptr: Tensor, indices: Tensor, node_offsets: Sequence[int]) -> l
         p0, p1 = int(indptr[na]), int(indptr[nb])
         out.append((indptr[na:nb + 1] - p0, indices[p0:p1] - na))
     return out
+
+
+def join_pointers(ptrs: Sequence[Tensor]) -> Tensor:
+    """Row pointers of several blocks laid end to end (each ``[n_i + 1]`` from 0): one
+    ``[sum n_i + 1]`` int64 pointer, each block shifted by the entries before it."""
+    out, base = [torch.zeros(1, dtype=torch.int64)], 0
+    for p in ptrs:
+        out.append(p[1:] + base)
+        base += int(p[-1])
+    return torch.cat(out)

@@ -13,8 +13,8 @@ import os
 import struct
 
 import torch
-from torch import Tensor
 
+from ..ops.csr import join_pointers
 from .pack import pack_name
 from .validate import IndexFormatError, check_store
 
@@ -93,12 +93,6 @@ class StoreChunks:
         check_store(f"{self.where}: chunk {i}", s, self.header)
         return s
 
-def _cat_ptr(parts: list) -> Tensor:
-    out, base = [torch.zeros(1, dtype=torch.int64)], 0
-    for p in parts:
-        out.append(p[1:] + base)
-        base += int(p[-1])
-    return torch.cat(out)
 
 def store_of(parts: list) -> dict:
     """The session store's tensors of its chunks' tensors ``parts`` (in slot order),
@@ -110,14 +104,14 @@ def store_of(parts: list) -> dict:
     dense = sorted(k for k in parts[0] if k.startswith("dense."))
     s["dense"] = {k[6:]: torch.cat([x[k] for x in parts]).float() for k in dense}
     s["digest"] = torch.cat([x["digest"] for x in parts]) if "digest" in parts[0] else None
-    s["turn_ptr"] = (_cat_ptr([x["turn_ptr"] for x in parts]) if "turn_ptr" in parts[0]
+    s["turn_ptr"] = (join_pointers([x["turn_ptr"] for x in parts]) if "turn_ptr" in parts[0]
                      else None)
     s["turns"] = torch.cat([x["turns"] for x in parts]).float() if "turns" in parts[0] \
         else None
     if "turn_text.bytes" in parts[0]:
         data = torch.cat([x["turn_text.bytes"] for x in parts])
         s["turn_text"] = TextTable(data if data.numel() else torch.zeros(1, dtype=torch.uint8),
-                                   _cat_ptr([x["turn_text.offsets"] for x in parts]))
+                                   join_pointers([x["turn_text.offsets"] for x in parts]))
     else:
         s["turn_text"] = None
     groups = sorted({k.split(".")[1] for k in parts[0] if k.startswith("lexical.")})
@@ -125,10 +119,10 @@ def store_of(parts: list) -> dict:
     if "vocab.bytes" in parts[0]:
         docs, ptr = {}, {}
         for g in groups:
-            docs[g] = (_cat_ptr([x[f"lexical.{g}.indptr"] for x in parts]),
+            docs[g] = (join_pointers([x[f"lexical.{g}.indptr"] for x in parts]),
                        torch.cat([x[f"lexical.{g}.indices"] for x in parts]),
                        torch.cat([x[f"lexical.{g}.tf"] for x in parts]).float())
-            ptr[g] = _cat_ptr([x[f"lexical.{g}.doc_ptr"] for x in parts])
+            ptr[g] = join_pointers([x[f"lexical.{g}.doc_ptr"] for x in parts])
         raw = torch.cat([x["vocab.bytes"] for x in parts])
-        s["lexical"] = (docs, ptr, raw, _cat_ptr([x["vocab.offsets"] for x in parts]))
+        s["lexical"] = (docs, ptr, raw, join_pointers([x["vocab.offsets"] for x in parts]))
     return s
