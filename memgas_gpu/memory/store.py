@@ -36,7 +36,8 @@ from ..ops.csr import join_pointers
 from .texts import TextTable
 
 __all__ = ["Growable", "StoreTables", "LazyTables", "concat_tables", "SessionStore",
-           "COMPACT_MIN_GARBAGE", "DIGEST_BYTES", "session_digest", "has_unused_terms", "without_unused_terms"]
+           "COMPACT_MIN_GARBAGE", "DIGEST_BYTES", "session_digest", "has_unused_terms",
+           "without_unused_terms"]
 
 #: garbage slots (sessions no conversation holds any more) below which the store is never
 #: compacted; above it, when they outnumber half the slots
@@ -551,13 +552,13 @@ class LazyTables:
         slots = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
         n0 = self.base.n_slots
         parts, order = [], []
-        at = 0
         if slots.numel():
             base = slots < n0
             idx = torch.nonzero(base).squeeze(1)
             if idx.numel():
                 bs = slots[idx]
-                chunk = torch.tensor([self.base.chunk_of(int(s)) for s in bs.tolist()])
+                # the chunk of each slot (as ChunkedStore.chunk_of, for all at once)
+                chunk = torch.searchsorted(torch.tensor(self.base.starts), bs, right=True) - 1
                 for c in torch.unique(chunk).tolist():
                     sel = idx[chunk == c]
                     local = slots[sel] - self.base.starts[c]
