@@ -143,8 +143,73 @@ def commit_blobs(folder) -> list:
                 continue
             out.append((f"leaf {i}.{j}", lref))
             out += [(f"segment {e[0]}", e[2:6]) for e in json_blob(folder, lref)["entries"]]
+    out += [(what, ref) for what, ref, _ in ref_blobs(folder)]
     for _, ref in out:
         blob(folder, ref)
+    return out
+
+
+# ---- the store's reference counts: a tree of 16-way nodes over 16**4 leaves; the root's
+# refs.top is the first level, each node {"refs": [16 refs or null]}, each leaf
+# {"entries": [[digest hex, slot, count], ...]}; an entry is in the leaf its key hashes
+# to (the digest, or for an all-zero digest: 16 zero bytes, b"slot", the slot as 8
+# little-endian bytes; BLAKE2b of 8 bytes, little-endian, modulo 65536), leaf L under
+# top[L >> 12], then child (L >> 8) & 15, (L >> 4) & 15, L & 15.
+REF_FANOUT, REF_LEVELS = 16, 4
+
+
+def ref_leaf(digest: bytes, slot: int) -> int:
+    key = digest if any(digest) else bytes(16) + b"slot" + slot.to_bytes(8, "little")
+    h = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return h % REF_FANOUT ** REF_LEVELS
+
+
+def ref_blobs(folder) -> list:
+    """``[(what, ref, parsed)]`` of every node and leaf of the reference counts' tree."""
+    out = []
+
+    def walk(refs, level, prefix):
+        for i, ref in enumerate(refs):
+            if ref is None:
+                continue
+            at = prefix * REF_FANOUT + i
+            doc = json_blob(folder, ref)
+            if level == REF_LEVELS:
+                out.append((f"reference leaf {at}", ref, doc))
+            else:
+                out.append((f"reference node {level + 1}.{at}", ref, doc))
+                walk(doc["refs"], level + 1, at)
+
+    walk(root(folder)["refs"]["top"], 1, 0)
+    return out
+
+
+def ref_counts(folder) -> dict:
+    """``{slot: (digest hex, count)}`` of the current commit, each entry checked to be in
+    the leaf its key hashes to."""
+    out = {}
+    for what, _, doc in ref_blobs(folder):
+        if not what.startswith("reference leaf"):
+            continue
+        leaf = int(what.rsplit(" ", 1)[1])
+        for d, slot, count in doc["entries"]:
+            assert ref_leaf(bytes.fromhex(d), slot) == leaf, (what, slot)
+            assert slot not in out
+            out[slot] = (d, count)
+    assert len(out) == root(folder)["refs"]["live"]
+    return out
+
+
+def ref_path(folder, leaf: int) -> list:
+    """The refs of the nodes below the root and of the leaf on ``leaf``'s path (None
+    where the path ends)."""
+    refs, out = root(folder)["refs"]["top"], []
+    for level in range(REF_LEVELS):
+        ref = refs[(leaf >> (4 * (REF_LEVELS - 1 - level))) & 15]
+        out.append(ref)
+        if ref is None or level == REF_LEVELS - 1:
+            break
+        refs = json_blob(folder, ref)["refs"]
     return out
 
 
@@ -438,3 +503,37 @@ def edit_questions(folder, edit) -> None:
 def edit_root(folder, edit) -> None:
     """``edit(root)`` (in place) as a new commit."""
     rewrite(folder, root_edit=edit)
+
+
+def counted_refs(folder) -> dict:
+    """``{slot: (digest hex, count)}`` as the commit's conversations and store say: the
+    rows of every segment referring to each slot, and the slot's digest in its chunk
+    (what :func:`ref_counts` must equal)."""
+    counts: dict = {}
+    for e in directory(folder).values():
+        for s in blob_tensors(folder, e[2:6])[0]["slots"].tolist():
+            counts[s] = counts.get(s, 0) + 1
+    digests = {}
+    for c in chunks(folder):
+        d = blob_tensors(folder, c["ref"])[0].get("digest")
+        a, b = c["slots"]
+        for k in range(b - a):
+            digests[a + k] = bytes(d[k].tolist()).hex() if d is not None else "0" * 32
+    return {s: (digests[s], n) for s, n in counts.items()}
+
+
+def edit_ref_leaf(folder, leaf: int, edit) -> None:
+    """Rewrite reference leaf ``leaf`` (``edit(doc)`` changes its ``{"entries"}`` in
+    place; CRC-32 recomputed) and the nodes above it, and point the root at them."""
+    path = ref_path(folder, leaf)
+    assert len(path) == REF_LEVELS and path[-1] is not None, "no such leaf"
+    doc = json_blob(folder, path[-1])
+    edit(doc)
+    ref = append_blob(folder, _dumps(doc))
+    for level in range(REF_LEVELS - 2, -1, -1):  # the nodes above, bottom up
+        node = json_blob(folder, path[level])
+        node["refs"][(leaf >> (4 * (REF_LEVELS - 2 - level))) & 15] = ref
+        ref = append_blob(folder, _dumps(node))
+    r = root(folder)
+    r["refs"]["top"][leaf >> 12] = ref
+    set_root(folder, r)

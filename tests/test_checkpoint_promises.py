@@ -131,7 +131,9 @@ def assert_tidy(folder: Path, what: str = "") -> dict:
       names in it;
     * no other file: no temporary file, no file of an older format;
     * the log holds the records after the commit (its first file starts at or before
-      the record after the commit's LSN).
+      the record after the commit's LSN);
+    * the store's reference counts are the rows of the commit's conversations referring
+      to each slot, each entry with its slot's digest (read independently).
 
     Returns the root."""
     folder = Path(folder)
@@ -158,6 +160,7 @@ def assert_tidy(folder: Path, what: str = "") -> dict:
     assert not foreign, f"{what}: files that are no part of the commit or the log: {foreign}"
     logs = f4.log_files(folder)
     assert logs and min(logs) <= root["lsn"] + 1, (what, sorted(logs), root["lsn"])
+    assert f4.ref_counts(folder) == f4.counted_refs(folder), f"{what}: reference counts"
     return root
 
 
@@ -166,6 +169,7 @@ def _commit_state(folder: Path) -> dict:
     pack's bytes."""
     return {"pointer": f4.pointer(folder), "root": f4.root(folder),
             "chunks": f4.chunks(folder), "dir": f4.directory(folder),
+            "refs": f4.ref_counts(folder),
             "packs": {k: (folder / "data" / f"{k:08d}.pack").read_bytes()
                       for k in f4.pack_sizes(folder)}}
 
@@ -189,9 +193,10 @@ def assert_wrote_what_changed(folder: Path, before: dict, cid: str, sessions: in
       sessions): every other entry, so every other segment blob, is the one before;
     * the store chunks before are kept and one chunk was appended, of exactly the new
       slots ``slots``; the questions' blob is the one before, the generation too;
+    * the reference counts that changed are those of the new slots (one row each);
     * the packs were only appended to, and the bytes appended are at most ``cid``'s
-      new segment + that chunk + its leaf + its page + the root (each of which lies in
-      what was appended)."""
+      new segment + that chunk + its leaf + its page + the path of each changed count
+      (a leaf and three nodes) + the root (each of which lies in what was appended)."""
     after = _commit_state(folder)
     assert after["pointer"]["commit"] == before["pointer"]["commit"] + 1, what
     old_dir, new_dir = before["dir"], after["dir"]
@@ -209,12 +214,18 @@ def assert_wrote_what_changed(folder: Path, before: dict, cid: str, sessions: in
     assert [c["slots"] for c in new_chunks] == [slots], (what, new_chunks)
     appended = _appended(before, folder)
     path = f4.path_of(folder, cid)
+    g0, g1 = before["refs"], after["refs"]
+    moved = sorted(k for k in {*g0, *g1} if g0.get(k) != g1.get(k))
+    assert moved == list(range(*slots)) and all(g1[k][1] == 1 for k in moved), (what, moved)
+    counts = {tuple(ref) for k in moved for ref in f4.ref_path(
+        folder, f4.ref_leaf(bytes.fromhex(g1[k][0]), k))}
     budget = {"segment": path["segment"][2], "chunk": new_chunks[0]["ref"][2],
               "leaf": path["leaf"][2], "page": path["page"][2],
-              "root": after["pointer"]["root"][2]}
+              "counts": sum(ref[2] for ref in counts), "root": after["pointer"]["root"][2]}
     assert appended <= sum(budget.values()), f"{what}: {appended} bytes appended, {budget}"
     ends = {k: len(v) for k, v in before["packs"].items()}
     for name, ref in [*path.items(), ("chunk", new_chunks[0]["ref"]),
+                      *(("count", list(r)) for r in counts),
                       ("root", after["pointer"]["root"])]:
         assert ref[1] >= ends[ref[0]], f"{what}: the {name} is not among the appended bytes"
 

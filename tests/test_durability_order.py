@@ -352,8 +352,9 @@ def test_a_new_folder_is_fsynced_in_its_parent(tmp_path, enc):
 def test_a_commit_after_a_reopen_appends_the_changed_conversation_only(tmp_path, enc):
     """Six conversations committed and reopened; one add to c3 and a commit: the bytes
     appended to the pack are exactly c3's new segment, one chunk of its new slot, its
-    directory leaf and page, and the root (their refs read through the documented
-    directory, laid end to end from the pack's old end to its new one); every other
+    directory leaf and page, the new slot's reference count (its leaf and the three
+    nodes above it), and the root (their refs read through the documented directory
+    and tree, laid end to end from the pack's old end to its new one); every other
     conversation's entry is unchanged."""
     folder = _folder(tmp_path)
     mem = MemoryIndex.open(folder, encoder=enc)
@@ -379,6 +380,11 @@ def test_a_commit_after_a_reopen_appends_the_changed_conversation_only(tmp_path,
            "leaf": on_path["leaf"], "page": on_path["page"]}
     assert len(f4.chunks(folder)) == chunks_before + 1, "one chunk of the new slot"
     new["chunk"] = root["chunks"][-1]["ref"]
+    slot = root["chunks"][-1]["slots"][0]
+    digest = bytes(f4.blob_tensors(folder, new["chunk"])[0]["digest"][0].tolist())
+    assert f4.ref_counts(folder)[slot] == (digest.hex(), 1)
+    for level, ref in enumerate(f4.ref_path(folder, f4.ref_leaf(digest, slot))):
+        new[f"count {level}"] = ref
     laid = sorted(new.items(), key=lambda kv: kv[1][1])
     at = sizes[pack]
     for what, ref in laid:  # end to end: nothing else was appended

@@ -30,6 +30,7 @@ from _legacy_writers import write_v1, write_v2, write_v3
 from _rss import HWM
 from memgas_gpu.bench.data import index_from_nodes
 from memgas_gpu.retrieve import IndexFormatError, MemoryIndex, retrieve
+from memgas_gpu.storage.commit import read_commit
 from memgas_gpu.storage.folder import folder_format, save_index
 
 def load_index(path):
@@ -39,6 +40,14 @@ def load_index(path):
     every one."""
     idx = MemoryIndex.load(path)
     idx.snapshot()
+    return idx
+
+
+def load_all(path):
+    """:func:`load_index`, and the store's reference counts, which writes and commits
+    read (here all of them, through the commit's reader)."""
+    idx = load_index(path)
+    read_commit(path)[1].ref_tree.counts()
     return idx
 
 
@@ -728,13 +737,13 @@ def test_a_flipped_byte_in_any_blob_is_refused_naming_the_file_and_offset(tmp_pa
     dst = _copy(path, tmp_path / "idx")
     blobs = f4.commit_blobs(dst)
     assert {w.split()[0] for w, _ in blobs} == {"root", "chunk", "questions", "page", "leaf",
-                                                "segment"}
+                                                "segment", "reference"}
     for what, (pack, off, n, _) in blobs:
         file = dst / "data" / f"{pack:08d}.pack"
         for at in sorted({0, n // 3, n - 1}):
             raw = file.read_bytes()
             file.write_bytes(raw[:off + at] + bytes([raw[off + at] ^ 0x40]) + raw[off + at + 1:])
-            msg = _refused(dst, f"{file}: offset {off}: ", "CRC-32")
+            msg = _refused(dst, f"{file}: offset {off}: ", "CRC-32", load=load_all)
             assert what.split()[0] in msg or what.startswith("segment"), (what, msg)
             file.write_bytes(raw)
     file = dst / "data" / "00000001.pack"

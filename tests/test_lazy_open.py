@@ -240,8 +240,12 @@ def test_the_root_lists_the_last_chunks_and_pages_hold_the_others(tmp_path, monk
     grown = sum(len(v) for k, v in f4.folder_bytes(folder).items()
                 if k.startswith("data/")) - sum(v for k, v in before.items()
                                                   if k.startswith("data/"))
+    digest = bytes(f4.blob_tensors(folder, new[0]["ref"])[0]["digest"][0].tolist())
+    counts = f4.ref_path(folder, f4.ref_leaf(digest, len(used)))  # the new slot's count
+    assert len(counts) == 4 and None not in counts
     assert grown == sum(ref[2] for ref in (path["segment"], path["leaf"], path["page"],
-                                           new[0]["ref"], f4.pointer(folder)["root"]))
+                                           new[0]["ref"], *counts, f4.pointer(folder)["root"]))
+    assert f4.ref_counts(folder)[len(used)] == (digest.hex(), 1)
     lazy.close()
     again = MemoryIndex.load(folder, max_resident_bytes=0)
     cids = [m.id for m in mem.conversations]
@@ -290,3 +294,134 @@ def test_a_damaged_chunk_page_is_refused_naming_it(tmp_path, monkeypatch, damage
         f4.set_root(folder, r)
     with pytest.raises(IndexFormatError, match=want):
         MemoryIndex.load(folder)
+
+
+def _live(mem) -> int:
+    """Slots some conversation refers to (counted over the memory's views)."""
+    st = mem.state()
+    return len({s for c in mem.conversation_ids() for s in st.get(c).slots.tolist()})
+
+
+def test_the_first_write_after_an_open_reads_only_what_it_touches(tmp_path, monkeypatch,
+                                                                 tiny_enc):
+    """A commit keeps the store's reference counts (docs/index-format.md), so a write
+    to a memory opened on a folder reads the conversations it changes and the counts of
+    their slots, no other conversation; a session added again after a reopen is found
+    by its digest in the commit (stored once) and a forget of conversations sharing
+    slots drops each count by their rows.  Oracles: the same writes in RAM (views,
+    searches, how many slots are live) and the independent reader's count of every
+    segment's rows (tests/_format4.py)."""
+    import _format4 as f4
+
+    mem, folder = _saved(tmp_path, monkeypatch)
+    lazy = MemoryIndex.open(folder, encoder=tiny_enc)
+    d = lazy.state().base.directory
+    s = Session("new", "2024-09-01", ("[user]: the tomatoes in the garden are ripe",))
+    for m in (mem, lazy):
+        m.forget_conversation("c005")
+        m.add_session("c003", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+        m.add_session("c999", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+    assert d.reads["segments"] == 2, "a write read conversations it does not change"
+    lazy.checkpoint()
+    lazy.close()
+    assert f4.ref_counts(folder) == f4.counted_refs(folder)
+
+    again = MemoryIndex.open(folder, encoder=tiny_enc)
+    d = again.state().base.directory
+    n = again._store.n_slots
+    for m in (mem, again):
+        m.add_session("c777", s, summary="tomatoes", keywords="garden", encoder=tiny_enc)
+        m.forget_conversation("c006")
+        m.forget_conversation("c007")
+    assert again._store.n_slots == n, "a session the commit holds was stored again"
+    assert d.reads["segments"] == 2
+    counts = again._store.refs()
+    st = again.state()
+    slot = st.get("c777").slots.item()
+    assert counts[slot] == 3 and st.get("c003").slots[-1].item() == slot
+    again.checkpoint()
+    again.close()
+    assert f4.ref_counts(folder) == f4.counted_refs(folder)
+    back = MemoryIndex.load(folder, max_resident_bytes=0)
+    cids = [c.id for c in mem.conversations]
+    assert back.conversation_ids() == cids
+    _same_view(mem, back, cids)
+    _same_search(mem, back, ["c003", "c777", "c008"], tiny_enc)
+    assert _live(back) == _live(mem)
+
+
+@pytest.mark.parametrize("damage", ["low", "entry", "slot", "leaf", "crc"])
+def test_damaged_reference_counts_are_refused_by_the_write_that_reads_them(
+        tmp_path, monkeypatch, tiny_enc, damage):
+    """A reference leaf whose count is lower than the rows referring to its slot, an
+    entry that is not [digest, slot, count], a slot past the store, an entry moved to
+    another leaf, or a leaf's bytes changed: the write that reads it fails with one line
+    naming the leaf (or the count), and changes nothing."""
+    import _format4 as f4
+    from memgas_gpu.storage.validate import IndexFormatError
+
+    mem, folder = _saved(tmp_path, monkeypatch)
+    counts = f4.ref_counts(folder)
+    cid = "c011"
+    slots = f4.blob_tensors(folder, f4.directory(folder)[cid][2:6])[0]["slots"].tolist()
+    slot = next(s for s in slots if counts[s][1] >= 2)  # shared with another conversation
+    leaf = f4.ref_leaf(bytes.fromhex(counts[slot][0]), slot)
+    want = f"reference leaf {leaf}"
+
+    def edit(doc):
+        e = next(e for e in doc["entries"] if e[1] == slot)
+        if damage == "low":
+            e[2] = 1
+        elif damage == "entry":
+            del e[2]
+        elif damage == "slot":
+            e[1] = 10 ** 6
+        elif damage == "leaf":
+            doc["entries"].append([e[0], e[1] + 100000, 1])
+
+    if damage == "crc":
+        ref = f4.ref_path(folder, leaf)[-1]
+        with open(f"{folder}/data/{ref[0]:08d}.pack", "r+b") as f:
+            f.seek(ref[1] + 3)
+            b = f.read(1)
+            f.seek(ref[1] + 3)
+            f.write(bytes([b[0] ^ 1]))
+    else:
+        f4.edit_ref_leaf(folder, leaf, edit)
+    if damage == "low":
+        want = f"slot {slot} is referred to by a conversation, but the reference counts"
+    lazy = MemoryIndex.open(folder, encoder=tiny_enc, max_resident_bytes=0)
+    others = [c for c in lazy.conversation_ids() if c != cid and slot in
+              f4.blob_tensors(folder, f4.directory(folder)[c][2:6])[0]["slots"].tolist()]
+    with pytest.raises(IndexFormatError, match=want):
+        for c in [cid, *others]:  # the second forget takes the count below zero
+            lazy.forget_conversation(c)
+    assert cid in lazy.conversation_ids() if damage != "low" else True
+    lazy.close()
+
+
+def test_a_compaction_counts_the_rows_again(tmp_path, monkeypatch, tiny_enc):
+    """A commit whose counts leave out a slot conversations use (its entry gone, the
+    root's live count one less): a compaction counts every conversation's rows again,
+    so it keeps that slot; the memory equals the one saved, and the full commit after
+    it holds the true counts (the independent reader's)."""
+    import _format4 as f4
+
+    mem, folder = _saved(tmp_path, monkeypatch)
+    counts = f4.ref_counts(folder)
+    slot = max(counts, key=lambda s: counts[s][1])  # the most shared slot
+    f4.edit_ref_leaf(folder, f4.ref_leaf(bytes.fromhex(counts[slot][0]), slot),
+                     lambda doc: doc["entries"].remove(
+                         next(e for e in doc["entries"] if e[1] == slot)))
+    r = f4.root(folder)
+    r["refs"]["live"] -= 1
+    f4.set_root(folder, r)
+    lazy = MemoryIndex.open(folder, encoder=tiny_enc, max_resident_bytes=0)
+    lazy.compact()
+    lazy.close()
+    assert f4.ref_counts(folder) == f4.counted_refs(folder)
+    assert f4.ref_counts(folder)[slot][1] == counts[slot][1]
+    back = MemoryIndex.load(folder)
+    cids = [c.id for c in mem.conversations]
+    _same_view(mem, back, cids)
+    _same_search(mem, back, cids[::5], tiny_enc)

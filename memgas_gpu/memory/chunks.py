@@ -40,6 +40,7 @@ class ChunkedStore:
         self.has_turns = source.has_turns
         self.has_text = source.has_text
         self.chunk_of = source.chunk_of
+        self.refs = source.refs
 
     @property
     def reads(self) -> int:

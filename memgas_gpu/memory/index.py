@@ -598,9 +598,16 @@ class MemoryIndex:
         if canonical:
             return CommitInput(segments, tables, header, frozenset(keys), questions, lsn,
                                dtype)
+        base = st.base
+
+        def base_slots(cid):
+            seg = base.segment(cid, keep=False)
+            return seg.slots if seg is not None else None
+
         return CommitInput(segments, tables, header, frozenset(keys), questions, lsn, dtype,
                            ordinals=segments.ordinals(), changed=st.changed(),
-                           n_conversations=st.n, next_ordinal=st.next_ordinal)
+                           n_conversations=st.n, next_ordinal=st.next_ordinal,
+                           base_slots=base_slots if base is not None else None)
 
     @classmethod
     def load(cls, path, *, max_resident_bytes: Optional[int] = None) -> "MemoryIndex":
@@ -972,10 +979,16 @@ class MemoryIndex:
     def _compact(self, st: State) -> tuple[State, list]:
         """Copy the live slots into new buffers and renumber every segment (amortized:
         only when more than half the store is garbage)."""
-        store, remap = self._store.compacted()
+        segments = list(zip(st.order(), st.iter_segments()))
+        rows = [s.slots.to(torch.int64) for _, s in segments]
+        # the live slots counted again over every conversation (not taken from the counts
+        # a commit kept: a compaction drops what they call garbage)
+        refs = torch.bincount(torch.cat(rows), minlength=self._store.n_slots) if rows \
+            else torch.zeros(self._store.n_slots, dtype=torch.int64)
+        store, remap = self._store.compacted(refs)
         self._store = store
         over, stale = {}, []
-        for c, s in zip(st.order(), st.iter_segments()):
+        for c, s in segments:
             over[c] = (st.ordinal(c), Segment(s.meta, remap[s.slots], s.graphs, days=s.days))
             stale.append(s.version)
         return State(over, store.tables(), n=st.n, next_ordinal=st.next_ordinal), stale

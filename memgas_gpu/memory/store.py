@@ -352,9 +352,18 @@ class SessionStore:
     def track(self, state) -> None:
         """Count the rows referring to each slot and index the live slots by content
         digest (once, at the first write: an index that is only read never pays for
-        it; a memory opened on a folder reads every conversation's segment then, one at
-        a time, keeping none of them)."""
+        it).  A memory opened on a folder whose commit keeps the counts reads the count
+        of a slot the first time a write needs it (:class:`_CommitRefs`); one whose
+        commit does not (written before they were kept, or with lexical data, read
+        whole) reads every conversation's segment then, one at a time, keeping none of
+        them."""
         if self._refs is not None:
+            return
+        tree = getattr(self.base, "refs", None) if self.base is not None else None
+        if tree is not None and self.gran.n == 0:
+            self._refs = _CommitRefs(self, tree)
+            self._by_digest = {}
+            self.garbage = self.base_n - tree.live
             return
         segments = state.iter_segments() if hasattr(state, "iter_segments") else state
         rows = [seg.slots for seg in segments]
@@ -376,15 +385,31 @@ class SessionStore:
     def find(self, digest: bytes) -> Optional[int]:
         """The live slot holding a session of this content digest
         (:func:`session_digest`), or None."""
+        refs = self._refs
+        if isinstance(refs, _CommitRefs):
+            for slot in refs.slots_of(digest):  # the commit's (one leaf read)
+                if refs[slot] > 0:
+                    return slot
         slot = self._by_digest.get(digest)
-        return slot if slot is not None and self._refs[slot] > 0 else None
+        return slot if slot is not None and refs[slot] > 0 else None
 
     def ref(self, slot: int) -> None:
         self._refs[slot] += 1
         self._journal.append((slot, None))
 
     def unref(self, slot: int) -> None:
-        """One row less refers to ``slot`` (a slot no row refers to is garbage)."""
+        """One row less refers to ``slot`` (a slot no row refers to is garbage).
+
+        Raises:
+            IndexFormatError: no row referred to it (a commit whose reference counts
+                disagree with its conversations; nothing changed).
+        """
+        if self._refs[slot] <= 0:
+            from ..storage.validate import IndexFormatError
+
+            raise IndexFormatError(f"{getattr(self._refs, 'where', 'the store')}: slot "
+                                   f"{slot} is referred to by a conversation, but the "
+                                   "reference counts say by none")
         self._refs[slot] -= 1
         dropped = False
         if self._refs[slot] == 0:
@@ -474,10 +499,17 @@ class SessionStore:
         return (self._refs is not None
                 and self.garbage > max(COMPACT_MIN_GARBAGE, self.n_slots // 2))
 
-    def compacted(self) -> tuple["SessionStore", Tensor]:
+    def compacted(self, refs: Optional[Tensor] = None) -> tuple["SessionStore", Tensor]:
         """A new store with the live slots only (old snapshots keep the old buffers) and
         a vocabulary of the terms they and the questions use, and ``[old n_slots]`` new
-        slot of each old slot (-1 for garbage)."""
+        slot of each old slot (-1 for garbage).  ``refs``: the rows referring to each
+        slot, counted over every conversation (default: the store's counts)."""
+        if refs is not None:
+            refs = refs.tolist() + [0] * (self.n_slots - refs.numel())
+            self._refs, self._by_digest = refs, {
+                d: s for d, s in (self._by_digest or {}).items() if refs[s] > 0}
+        elif isinstance(self._refs, _CommitRefs):
+            self._refs = self._refs.tolist()
         live = torch.tensor([r > 0 for r in self._refs], dtype=torch.bool)
         keep = torch.nonzero(live).squeeze(1)
         remap = torch.full((self.n_slots,), -1, dtype=torch.long)
@@ -488,10 +520,71 @@ class SessionStore:
         new = SessionStore(t.gran, t.dense, t.turns, t.turn_ptr, t.turn_text, lex, t.digest,
                            self.generation + 1)
         new._refs = [self._refs[i] for i in keep.tolist()]
-        new._by_digest = {d: int(remap[s]) for d, s in self._by_digest.items()
-                          if int(remap[s]) >= 0}
+        digests = new.digest.value().numpy()
+        new._by_digest = {}
+        for k in range(new.n_slots):  # every live slot's digest (the commit's too)
+            if digests[k].any():
+                new._by_digest.setdefault(digests[k].tobytes(), k)
         new.garbage = 0
         return new, remap
+
+
+class _CommitRefs:
+    """The reference counts of a store opened on a folder whose commit keeps them
+    (:mod:`memgas_gpu.storage.refs`): a slot's count is read from the commit the first
+    time it is needed, kept with the counts changed since (as a list of counts is
+    indexed, appended to and cut back)."""
+
+    def __init__(self, store: SessionStore, tree) -> None:
+        self.store = store
+        self.tree = tree
+        self.where = tree.where
+        self.known: dict = {}  # slot -> count, of the slots read or changed
+        self.n = store.n_slots
+
+    def __getitem__(self, slot: int) -> int:
+        got = self.known.get(slot)
+        if got is None:
+            got = (self.tree.count(slot, self.store.slot_digest(slot))
+                   if slot < self.store.base_n else 0)
+            self.known[slot] = got
+        return got
+
+    def __setitem__(self, slot: int, count: int) -> None:
+        self.known[slot] = count
+
+    def append(self, count: int) -> None:
+        self.known[self.n] = count
+        self.n += 1
+
+    def __delitem__(self, cut: slice) -> None:  # del refs[n:]
+        for s in [s for s in self.known if s >= cut.start]:
+            del self.known[s]
+        self.n = cut.start
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def slots_of(self, digest: bytes) -> list:
+        """The commit's live slots of content ``digest`` (their counts kept)."""
+        out = []
+        for slot, (d, count) in self.tree.leaf_of_digest(digest).items():
+            if d == digest:
+                self.known.setdefault(slot, count)
+                out.append(slot)
+        return sorted(out)
+
+    def tolist(self) -> list:
+        """Every slot's count (the commit's every leaf read)."""
+        out = [0] * self.n
+        for slot, count in self.tree.counts().items():
+            out[slot] = count
+        for slot, count in self.known.items():
+            out[slot] = count
+        return out
 
 
 def concat_tables(parts: list, like: StoreTables) -> StoreTables:

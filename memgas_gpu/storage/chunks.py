@@ -42,6 +42,9 @@ class StoreChunks:
         self.n_slots = chunks[-1]["slots"][1] if chunks else 0
         self.dim = int(header["dim"])
         self.reads = 0
+        #: the commit's reference counts (a :class:`~memgas_gpu.storage.refs.RefTree`;
+        #: None: a commit written before they were kept)
+        self.refs = None
         # the tables every chunk holds, from the first chunk's safetensors header
         keys = self._keys(chunks[0]["ref"]) if chunks else {"gran"}
         if "gran" not in keys:

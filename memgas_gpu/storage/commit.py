@@ -41,7 +41,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -52,6 +52,8 @@ from .pack import (DATA, MAX_JSON_BYTES, PACK_HEADER_BYTES, PackReader, PackWrit
                    json_blob, pack_files, pack_name, tensor_blob)
 from .chunks import StoreChunks, store_of
 from .directory import LEAVES, PAGES, leaf_of
+from ..memory.store import DIGEST_BYTES
+from .refs import FANOUT, RefTree, check_refs_field, ref_leaf, write_tree
 from .validate import IndexFormatError, want
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "POINTER", "DATA", "WAL", "Written",
@@ -113,6 +115,11 @@ class Written:
             read from the folder, where every leaf this process did not write is read
             (None: every leaf is in ``leaves``).
         bytes: the bytes the commit that made this wrote (its blobs; 0 when read).
+        refs_top, refs_live: the root's ``refs`` (None: a commit written before the
+            store's reference counts were kept; :mod:`.refs`).
+        ref_tree: the :class:`~memgas_gpu.storage.refs.RefTree` of the commit.
+        ref_slots: conversation id → ``(segment version, slots)`` as this process's
+            commits counted them (the others count as the memory's base holds them).
     """
 
     commit: int = 0
@@ -131,6 +138,10 @@ class Written:
     conversations: int = 0
     directory: object = None
     chunk_pages: list = field(default_factory=list)
+    refs_top: Optional[list] = None
+    refs_live: int = 0
+    ref_tree: object = None
+    ref_slots: dict = field(default_factory=dict)
 
     def page_leaf_refs(self, page: int) -> list:
         """The 64 leaf refs of first-level ``page`` in this commit."""
@@ -189,6 +200,9 @@ class CommitInput:
             full writes those of them that differ from what the folder holds, and reads
             nothing of ``segments`` (None: compare every one of ``segments``).
         n_conversations, next_ordinal: the directory's counts (with ``changed``).
+        base_slots: conversation id → its slots in the commit the memory was opened
+            on (None: not there, or no such commit), for the reference counts of a
+            commit that is not full (:mod:`.refs`).
     """
 
     segments: Sequence
@@ -202,6 +216,7 @@ class CommitInput:
     changed: Optional[dict] = None
     n_conversations: int = 0
     next_ordinal: int = 0
+    base_slots: Optional[Callable] = None
 
 
 @dataclass
@@ -240,8 +255,12 @@ def _floats(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype) if x.is_floating_point() else x
 
 
-def _chunk_blob(t, a: int, b: int, t0: int, t1: int, dtype: torch.dtype) -> bytes:
+def _chunk_blob(t, a: int, b: int, t0: int, t1: int, dtype: torch.dtype,
+                digests: Optional[list] = None) -> bytes:
     part = t.take(torch.arange(a, b))
+    if digests is not None:
+        digests.append(part.digest if part.digest is not None else
+                       torch.zeros(b - a, DIGEST_BYTES, dtype=torch.uint8))
     x = {"gran": _floats(part.gran, dtype)}
     x.update({f"dense.{k}": _floats(v, dtype) for k, v in part.dense.items()})
     if part.digest is not None:
@@ -306,6 +325,90 @@ def _tier(slots: int) -> int:
     return t
 
 
+def _slot_counts(segments, n_slots: int) -> Tensor:
+    """``[n_slots]`` rows referring to each slot, counted over every conversation."""
+    rows = [seg.slots.to(torch.int64) for seg in segments]
+    if not rows:
+        return torch.zeros(n_slots, dtype=torch.int64)
+    return torch.bincount(torch.cat(rows), minlength=n_slots)
+
+
+def _write_refs(w: PackWriter, inp: CommitInput, written: Written, full: bool,
+                digests: list) -> tuple[list, int, dict, list]:
+    """Write the reference counts that changed (:mod:`.refs`); returns the root's
+    ``top`` and ``live``, the conversations' counted slots and the blobs written.
+
+    A full commit, or one over a commit without counts, counts every conversation's
+    rows; another adds, over the conversations written since the commit before, the
+    rows of their new segments and takes away those of the old (as the commit before
+    counted them, or the memory's base holds them), reading the counts of those slots
+    only."""
+    t = inp.tables
+    put_cache: list = []
+    changed = inp.changed or {}
+    if full or written.refs_top is None:
+        counts = _slot_counts(inp.segments, t.n_slots)
+        if counts.numel() > t.n_slots:
+            raise IndexFormatError(f"{w.folder}: a conversation refers to slot "
+                                   f"{counts.numel() - 1} of a store of {t.n_slots}")
+        dig = torch.cat(digests) if digests else t.digest
+        leaves: dict = {}
+        live = torch.nonzero(counts).squeeze(1).tolist()
+        raw = dig.numpy() if dig is not None else None
+        for s in live:
+            d = raw[s].tobytes() if raw is not None else bytes(DIGEST_BYTES)
+            leaves.setdefault(ref_leaf(d, s), {})[s] = (d, int(counts[s]))
+        top = write_tree(w, leaves, lambda level, prefix: [None] * FANOUT, [None] * FANOUT,
+                         put_cache)
+        ref_slots = {cid: (seg.version if seg is not None else None,
+                           seg.slots if seg is not None else None)
+                     for cid, (_, seg) in changed.items()}
+        return top, len(live), ref_slots, put_cache
+    ref_slots = dict(written.ref_slots)
+    delta: dict = {}
+    for cid, (_, seg) in changed.items():
+        version = seg.version if seg is not None else None
+        got = ref_slots.get(cid)
+        if got is not None and got[0] == version and (seg is None or version is not None):
+            continue  # counted by an earlier commit of this process
+        if got is not None:
+            prev = got[1]
+        else:
+            prev = inp.base_slots(cid) if inp.base_slots is not None else None
+        for s in (prev.tolist() if prev is not None else ()):
+            delta[s] = delta.get(s, 0) - 1
+        for s in (seg.slots.tolist() if seg is not None else ()):
+            delta[s] = delta.get(s, 0) + 1
+        ref_slots[cid] = (version, seg.slots if seg is not None else None)
+    affected = sorted(s for s, k in delta.items() if k)
+    if not affected:
+        return list(written.refs_top), written.refs_live, ref_slots, put_cache
+    dig = t.take(torch.tensor(affected, dtype=torch.int64)).digest
+    raw = dig.numpy() if dig is not None else None
+    tree = written.ref_tree
+    leaves = {}
+    live = written.refs_live
+    for k, s in enumerate(affected):
+        d = raw[k].tobytes() if raw is not None else bytes(DIGEST_BYTES)
+        leaf = ref_leaf(d, s)
+        entries = leaves.get(leaf)
+        if entries is None:
+            entries = leaves[leaf] = dict(tree.leaf(leaf))
+        old = entries[s][1] if s in entries else 0
+        new = old + delta[s]
+        if new < 0:
+            raise IndexFormatError(f"{tree.where}: refs: slot {s} has {old} references, and "
+                                   f"{-delta[s]} of them are gone (the reference counts "
+                                   "disagree with the conversations)")
+        if new:
+            entries[s] = (d, new)
+        else:
+            entries.pop(s, None)
+        live += (new > 0) - (old > 0)
+    top = write_tree(w, leaves, tree.node_refs, written.refs_top, put_cache)
+    return top, live, ref_slots, put_cache
+
+
 def write_commit(folder, inp: CommitInput, written: Written, full: bool = False) -> Written:
     """Write a commit of ``inp`` over the folder's current one (``written``) and make it
     current; returns what the folder then holds.  The caller holds the folder's lock.
@@ -338,10 +441,18 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     w.close()
     new.packs = w.packs
     new.bytes = w.written
+    put_cache, prev = new.ref_tree, written.ref_tree
+    new.ref_tree = RefTree(prev.reader if prev is not None and not full else
+                           PackReader(folder), new.refs_top, new.refs_live,
+                           inp.tables.n_slots, f"{folder / pack_name(new.root[0])}: offset "
+                           f"{new.root[1]}: the root",
+                           prev.cache if prev is not None and not full else None)
     pointer = json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
                          "commit": new.commit, "root": new.root})
     try:
         files.replace(folder / POINTER, pointer, "the pointer manifest.json")
+        for ref, value in put_cache:  # known as written (a failed commit's are not)
+            new.ref_tree.cache.put(ref, value)
     except BaseException:
         try:
             moved = (folder / POINTER).read_bytes() == pointer
@@ -375,13 +486,14 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
     n_terms = t.n_terms if t.lexical_base is not None else 0
     chunks = list(written.chunks)
     a, t0 = written.n_slots, written.n_terms
+    digests: list = []  # of every slot, in order (a full commit)
     if full:
         chunks, a, t0 = [], 0, 0
         step = chunk_slots(t)
         while a < t.n_slots or not chunks:
             b = min(t.n_slots, a + step)
             t1 = n_terms if b == t.n_slots else t0
-            chunks.append({"ref": w.put(_chunk_blob(t, a, b, t0, t1, dtype)),
+            chunks.append({"ref": w.put(_chunk_blob(t, a, b, t0, t1, dtype, digests)),
                            "slots": [a, b], "terms": [t0, t1]})
             a, t0 = b, t1
             if a >= t.n_slots:
@@ -485,6 +597,8 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
             "prev": chunk_pages[-1] if chunk_pages else None,
             "chunks": chunks[listed:listed + CHUNK_PAGE]})))
         listed += CHUNK_PAGE
+    # ---- the reference counts of the store's slots
+    refs_top, refs_live, ref_slots, put_cache = _write_refs(w, inp, written, full, digests)
     # ---- questions (written once per store generation) and the root
     qref = written.questions
     if full or qref is None:
@@ -498,7 +612,8 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                 chunk_pages={"last": chunk_pages[-1] if chunk_pages else None,
                              "pages": len(chunk_pages)},
                 directory={"conversations": n_conv, "next_ordinal": next_ordinal,
-                           "pages": [pages.get(i) for i in range(PAGES)]})
+                           "pages": [pages.get(i) for i in range(PAGES)]},
+                refs={"live": refs_live, "top": refs_top})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
     body = json_blob(root)
     root_ref = [w.pack, w.end, 0, 0]
@@ -515,7 +630,9 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                    chunks=chunks, questions=qref, packs=w.packs, segments=segments,
                    leaves=leaves, pages=pages, next_ordinal=next_ordinal,
                    page_leaves=page_leaves, conversations=n_conv,
-                   directory=None if full else written.directory, chunk_pages=chunk_pages)
+                   directory=None if full else written.directory, chunk_pages=chunk_pages,
+                   refs_top=refs_top, refs_live=refs_live, ref_tree=put_cache,
+                   ref_slots=ref_slots)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -695,6 +812,12 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
     else:
         store, n_slots, n_terms = _store(r, chunks, where)
     directory.n_slots = n_slots
+    tree = None
+    if "refs" in root:  # written before the store's reference counts were kept: none
+        live, top = check_refs_field(where, root["refs"], n_slots)
+        tree = RefTree(directory.reader, top, live, n_slots, where)
+    if isinstance(store, StoreChunks):
+        store.refs = tree
     qx, qmeta = r.tensors(root.get("questions"), "the questions")
     questions = {"records": qmeta.get("records"), "conversations": qmeta.get("conversations"),
                  "q_emb": qx.get("q_emb"),
@@ -710,7 +833,9 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
                       packs={int(k): dict(v) for k, v in root["packs"].items()},
                       pages={i: p for i, p in enumerate(directory.pages) if p is not None},
                       next_ordinal=directory.next_ordinal,
-                      conversations=directory.count, directory=directory)
+                      conversations=directory.count, directory=directory,
+                      refs_top=tree.top if tree is not None else None,
+                      refs_live=tree.live if tree is not None else 0, ref_tree=tree)
     return Parts(header, store, directory, questions), written
 
 
