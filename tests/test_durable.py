@@ -495,3 +495,43 @@ def test_a_merge_into_a_chunk_page_lists_its_chunks_again(tmp_path, enc, monkeyp
     back = MemoryIndex.load(tmp_path / "m")
     same_memory(back, mem, enc)
     mem.close()
+
+
+def test_full_commits_leave_no_removed_pack_open(tmp_path, tiny_enc, monkeypatch):
+    """A memory that compacts (a full commit to a new pack, the old packs removed) again
+    and again holds no removed pack open once its old snapshots are gone: the disk space
+    of the packs it replaced comes back (the reference counts' reader of each full
+    commit, which reads its pack, here with nothing kept parsed, is closed when the
+    next one replaces it)."""
+    import gc
+
+    from memgas_gpu.storage import refs
+
+    monkeypatch.setattr(refs, "CACHE", 0)  # every count read from the pack
+
+    folder = tmp_path / "mem"
+    mem = MemoryIndex.open(folder, encoder=tiny_enc)
+    for c in range(3):
+        _add(mem, f"c{c}", c, tiny_enc)
+    mem.checkpoint()
+    for r in range(4):
+        mem.compact()
+        _add(mem, "c0", 3 + r, tiny_enc)
+        mem.checkpoint()  # an incremental commit reading the counts of the full one
+    gc.collect()
+
+    def removed_packs():
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if path.startswith(str(folder)) and path.endswith(" (deleted)"):
+                out.append(path)
+        return out
+
+    assert not removed_packs()
+    mem.close()
+    gc.collect()
+    assert not removed_packs()

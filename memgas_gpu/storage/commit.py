@@ -441,12 +441,14 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     w.close()
     new.packs = w.packs
     new.bytes = w.written
-    put_cache, prev = new.ref_tree, written.ref_tree
-    new.ref_tree = RefTree(prev.reader if prev is not None and not full else
-                           PackReader(folder), new.refs_top, new.refs_live,
-                           inp.tables.n_slots, f"{folder / pack_name(new.root[0])}: offset "
-                           f"{new.root[1]}: the root",
-                           prev.cache if prev is not None and not full else None)
+    put_cache, prev = new.ref_tree, old.ref_tree
+    where = f"{folder / pack_name(new.root[0])}: offset {new.root[1]}: the root"
+    if prev is not None and not full:  # the same packs, and the blobs read so far
+        new.ref_tree = RefTree(prev.reader, new.refs_top, new.refs_live, inp.tables.n_slots,
+                               where, prev.cache)
+    else:  # its own reader (closed with the last tree that reads it)
+        new.ref_tree = RefTree(PackReader(folder), new.refs_top, new.refs_live,
+                               inp.tables.n_slots, where, owns=True)
     pointer = json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
                          "commit": new.commit, "root": new.root})
     try:
@@ -454,6 +456,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
         for ref, value in put_cache:  # known as written (a failed commit's are not)
             new.ref_tree.cache.put(ref, value)
     except BaseException:
+        new.ref_tree.close()
         try:
             moved = (folder / POINTER).read_bytes() == pointer
         except OSError:
@@ -472,6 +475,10 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
                 if k in w.packs:
                     p["end"] = max(p["end"], w.packs[k]["end"])
         raise
+    if prev is not None and not full:
+        new.ref_tree.owns = prev.hand_over()
+    elif prev is not None:
+        prev.close()  # the packs it read are removed below
     if full:  # the packs the new commit replaced (readers of the old one retry)
         gone = [p for k, p in pack_files(folder).items() if k not in new.packs]
         files.remove(gone)

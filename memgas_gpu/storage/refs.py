@@ -107,10 +107,13 @@ class RefTree:
         n_slots: slots of the commit's store (an entry's slot is checked against it).
         where: names the root in errors.
         cache: parsed blobs shared with the trees of later commits of one writer.
+        owns: close ``reader`` with the tree (a writer's own reader; a later commit's
+            tree that takes the reader takes this over: :meth:`hand_over`).
     """
 
     def __init__(self, reader, top: list, live: int, n_slots: int, where: str,
-                 cache: Optional[_Cache] = None) -> None:
+                 cache: Optional[_Cache] = None, owns: bool = False) -> None:
+        self.owns = owns
         self.reader = reader
         self.top = list(top)
         self.live = live
@@ -118,6 +121,23 @@ class RefTree:
         self.where = where
         self.cache = cache if cache is not None else _Cache()
         self.reads = 0
+
+    def hand_over(self) -> bool:
+        """Whether this tree owned its reader, which it no longer does (a later commit's
+        tree takes it)."""
+        owned, self.owns = self.owns, False
+        return owned
+
+    def close(self) -> None:
+        if self.owns:
+            self.owns = False
+            self.reader.close()
+
+    def __del__(self) -> None:  # a writer's reader: its packs' files released
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def _node(self, level: int, prefix: int) -> list:
         """The children of node ``(level, prefix)`` (level 1: the root's ``top``)."""
