@@ -182,7 +182,7 @@ class MemoryIndex:
                                  {k: v.float() for k, v in s["dense"].items()},
                                  s["turns"].float() if s["turns"] is not None else None,
                                  s["turn_ptr"], s["turn_text"], lexical, s["digest"],
-                                 int(h.get("generation") or 0))
+                                 int(h.get("generation") or 0), commit_refs=s.get("refs"))
         lazy = not isinstance(parts.segments, list)
         segments = None if lazy else [
             Segment(ConversationMeta(m["id"], list(m["session_ids"]),

@@ -282,12 +282,16 @@ class SessionStore:
     def __init__(self, gran: Tensor, dense: dict, turns: Optional[Tensor],
                  turn_ptr: Optional[Tensor], turn_text: Optional[TextTable],
                  lexical=None, digest: Optional[Tensor] = None, generation: int = 0,
-                 base=None) -> None:
+                 base=None, commit_refs=None) -> None:
         #: the commit's chunks (:class:`~memgas_gpu.memory.chunks.ChunkedStore`) holding
         #: slots ``[0, base.n_slots)``, read when needed; the buffers hold the slots
         #: appended since (None: the buffers hold every slot)
         self.base = base
         self.base_n = base.n_slots if base is not None else 0
+        #: the reference counts of the commit the store was read from (a
+        #: :class:`~memgas_gpu.storage.refs.RefTree`; None: counted at the first write)
+        self.commit_refs = commit_refs if commit_refs is not None else \
+            getattr(base, "refs", None)
         self.generation = generation
         self.gran = Growable(gran)
         self.digest = Growable(digest if digest is not None else
@@ -303,6 +307,15 @@ class SessionStore:
         self._by_digest: Optional[dict] = None
         self._journal: list = []  # (slot, None: ref | dropped digest: unref) since mark()
         self.garbage = 0
+
+    def __getstate__(self) -> dict:
+        """A copy (Ray tasks, ``copy.deepcopy``) counts its references at its first
+        write, over the conversations it holds in RAM (not through the commit's files)."""
+        d = dict(self.__dict__)
+        d["commit_refs"] = None
+        if isinstance(self._refs, _CommitRefs):
+            d.update(_refs=None, _by_digest=None, _journal=[], garbage=0)
+        return d
 
     @classmethod
     def lazy(cls, base, generation: int) -> "SessionStore":
@@ -359,11 +372,11 @@ class SessionStore:
         them."""
         if self._refs is not None:
             return
-        tree = getattr(self.base, "refs", None) if self.base is not None else None
-        if tree is not None and self.gran.n == 0:
+        tree = self.commit_refs
+        if tree is not None and self.n_slots == tree.n_slots:  # nothing appended since
             self._refs = _CommitRefs(self, tree)
             self._by_digest = {}
-            self.garbage = self.base_n - tree.live
+            self.garbage = tree.n_slots - tree.live
             return
         segments = state.iter_segments() if hasattr(state, "iter_segments") else state
         rows = [seg.slots for seg in segments]
@@ -546,7 +559,7 @@ class _CommitRefs:
         got = self.known.get(slot)
         if got is None:
             got = (self.tree.count(slot, self.store.slot_digest(slot))
-                   if slot < self.store.base_n else 0)
+                   if slot < self.tree.n_slots else 0)
             self.known[slot] = got
         return got
 

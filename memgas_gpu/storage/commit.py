@@ -825,6 +825,8 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
         tree = RefTree(directory.reader, top, live, n_slots, where)
     if isinstance(store, StoreChunks):
         store.refs = tree
+    else:
+        store["refs"] = tree
     qx, qmeta = r.tensors(root.get("questions"), "the questions")
     questions = {"records": qmeta.get("records"), "conversations": qmeta.get("conversations"),
                  "q_emb": qx.get("q_emb"),
