@@ -376,8 +376,10 @@ def test_damaged_reference_counts_are_refused_by_the_write_that_reads_them(
             del e[2]
         elif damage == "slot":
             e[1] = 10 ** 6
-        elif damage == "leaf":
-            doc["entries"].append([e[0], e[1] + 100000, 1])
+        elif damage == "leaf":  # another slot's entry, which hashes to another leaf
+            other = next(k for k, (d, _) in counts.items()
+                         if f4.ref_leaf(bytes.fromhex(d), k) != leaf)
+            doc["entries"].append([counts[other][0], other, counts[other][1]])
 
     if damage == "crc":
         ref = f4.ref_path(folder, leaf)[-1]
@@ -390,6 +392,8 @@ def test_damaged_reference_counts_are_refused_by_the_write_that_reads_them(
         f4.edit_ref_leaf(folder, leaf, edit)
     if damage == "low":
         want = f"slot {slot} is referred to by a conversation, but the reference counts"
+    elif damage == "leaf":
+        want += ": slot [0-9]+'s entry does not belong in it"
     lazy = MemoryIndex.open(folder, encoder=tiny_enc, max_resident_bytes=0)
     others = [c for c in lazy.conversation_ids() if c != cid and slot in
               f4.blob_tensors(folder, f4.directory(folder)[c][2:6])[0]["slots"].tolist()]
