@@ -522,17 +522,18 @@ def counted_refs(folder) -> dict:
     return {s: (digests[s], n) for s, n in counts.items()}
 
 
-def edit_ref_leaf(folder, leaf: int, edit) -> None:
-    """Rewrite reference leaf ``leaf`` (``edit(doc)`` changes its ``{"entries"}`` in
-    place; CRC-32 recomputed) and the nodes above it, and point the root at them."""
+def edit_ref_leaf(folder, leaf: int, edit, level: int = REF_LEVELS - 1) -> None:
+    """Rewrite reference leaf ``leaf`` (or the node at ``level`` on its path: 0 is the
+    node ``top`` names, 3 the leaf; ``edit(doc)`` changes it in place; CRC-32
+    recomputed) and the nodes above it, and point the root at them."""
     path = ref_path(folder, leaf)
     assert len(path) == REF_LEVELS and path[-1] is not None, "no such leaf"
-    doc = json_blob(folder, path[-1])
+    doc = json_blob(folder, path[level])
     edit(doc)
     ref = append_blob(folder, _dumps(doc))
-    for level in range(REF_LEVELS - 2, -1, -1):  # the nodes above, bottom up
-        node = json_blob(folder, path[level])
-        node["refs"][(leaf >> (4 * (REF_LEVELS - 2 - level))) & 15] = ref
+    for up in range(level - 1, -1, -1):  # the nodes above, bottom up
+        node = json_blob(folder, path[up])
+        node["refs"][(leaf >> (4 * (REF_LEVELS - 2 - up))) & 15] = ref
         ref = append_blob(folder, _dumps(node))
     r = root(folder)
     r["refs"]["top"][leaf >> 12] = ref

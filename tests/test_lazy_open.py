@@ -350,13 +350,13 @@ def test_the_first_write_after_an_open_reads_only_what_it_touches(tmp_path, monk
     assert _live(back) == _live(mem)
 
 
-@pytest.mark.parametrize("damage", ["low", "entry", "slot", "leaf", "crc"])
+@pytest.mark.parametrize("damage", ["low", "entry", "slot", "leaf", "crc", "node"])
 def test_damaged_reference_counts_are_refused_by_the_write_that_reads_them(
         tmp_path, monkeypatch, tiny_enc, damage):
     """A reference leaf whose count is lower than the rows referring to its slot, an
     entry that is not [digest, slot, count], a slot past the store, an entry moved to
-    another leaf, or a leaf's bytes changed: the write that reads it fails with one line
-    naming the leaf (or the count), and changes nothing."""
+    another leaf, a leaf's bytes changed, or a node above it of 15 refs: the write that
+    reads it fails with one line naming the leaf or node (or the count)."""
     import _format4 as f4
     from memgas_gpu.storage.validate import IndexFormatError
 
@@ -388,6 +388,9 @@ def test_damaged_reference_counts_are_refused_by_the_write_that_reads_them(
             b = f.read(1)
             f.seek(ref[1] + 3)
             f.write(bytes([b[0] ^ 1]))
+    elif damage == "node":
+        f4.edit_ref_leaf(folder, leaf, lambda doc: doc["refs"].pop(), level=1)
+        want = "reference node 3.[0-9]+: expected {'refs': \\[16 blob references"
     else:
         f4.edit_ref_leaf(folder, leaf, edit)
     if damage == "low":

@@ -418,11 +418,9 @@ class SessionStore:
                 disagree with its conversations; nothing changed).
         """
         if self._refs[slot] <= 0:
-            from ..storage.validate import IndexFormatError
-
-            raise IndexFormatError(f"{getattr(self._refs, 'where', 'the store')}: slot "
-                                   f"{slot} is referred to by a conversation, but the "
-                                   "reference counts say by none")
+            if isinstance(self._refs, _CommitRefs):
+                raise self._refs.tree.disagrees(slot)
+            raise RuntimeError(f"slot {slot}: no reference to drop")
         self._refs[slot] -= 1
         dropped = False
         if self._refs[slot] == 0:
@@ -551,7 +549,6 @@ class _CommitRefs:
     def __init__(self, store: SessionStore, tree) -> None:
         self.store = store
         self.tree = tree
-        self.where = tree.where
         self.known: dict = {}  # slot -> count, of the slots read or changed
         self.n = store.n_slots
 

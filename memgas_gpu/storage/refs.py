@@ -147,19 +147,29 @@ class RefTree:
         ref = self._node(level - 1, parent)[i]
         if ref is None:
             return [None] * FANOUT
+        return self._read(ref, f"reference node {level}.{prefix}", "refs", self._check_node)
+
+    def _read(self, ref, what: str, key: str, check):
+        """The blob ``ref`` (a JSON object of the one field ``key``) as ``check(at,
+        value)`` makes it, read (CRC-32) and checked once, then kept parsed."""
         got = self.cache.get(ref)
         if got is not None:
             return got
-        what = f"reference node {level}.{prefix}"
         doc = self.reader.json(ref, what)
         self.reads += 1
         at = f"{self.reader.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        kids = want(at, doc, "refs", list)
-        if set(doc) != {"refs"} or len(kids) != FANOUT or \
-                not all(r is None or _is_ref(r) for r in kids):
+        value = want(at, doc, key, list)
+        if set(doc) != {key}:
+            raise IndexFormatError(f"{at}: expected the one field {key!r}")
+        got = check(at, value)
+        self.cache.put(ref, got)
+        return got
+
+    @staticmethod
+    def _check_node(at: str, kids: list) -> list:
+        if len(kids) != FANOUT or not all(r is None or _is_ref(r) for r in kids):
             raise IndexFormatError(f"{at}: expected {{'refs': [{FANOUT} blob references or "
                                    "nulls]}")
-        self.cache.put(ref, kids)
         return kids
 
     def leaf_ref(self, leaf: int) -> Optional[list]:
@@ -175,16 +185,12 @@ class RefTree:
         ref = self.leaf_ref(leaf)
         if ref is None:
             return {}
-        got = self.cache.get(ref)
-        if got is not None:
-            return got
-        what = f"reference leaf {leaf}"
-        doc = self.reader.json(ref, what)
-        self.reads += 1
-        at = f"{self.reader.folder / pack_name(ref[0])}: offset {ref[1]}: {what}"
-        entries = want(at, doc, "entries", list)
-        if set(doc) != {"entries"} or not entries:
-            raise IndexFormatError(f"{at}: expected {{'entries': [...]}}, not empty")
+        return self._read(ref, f"reference leaf {leaf}", "entries",
+                          lambda at, entries: self._check_leaf(at, entries, leaf))
+
+    def _check_leaf(self, at: str, entries: list, leaf: int) -> dict:
+        if not entries:
+            raise IndexFormatError(f"{at}: no entry (an empty leaf is left out)")
         out: dict = {}
         for e in entries:
             if not (isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
@@ -202,8 +208,13 @@ class RefTree:
                 raise IndexFormatError(f"{at}: slot {slot}'s entry does not belong in it, or "
                                        "is there twice")
             out[slot] = (digest, count)
-        self.cache.put(ref, out)
         return out
+
+    def disagrees(self, slot: int) -> IndexFormatError:
+        """The error of a write that finds ``slot`` referred to by a conversation while
+        these counts say by none."""
+        return IndexFormatError(f"{self.where}: slot {slot} is referred to by a "
+                                "conversation, but the reference counts say by none")
 
     def count(self, slot: int, digest: bytes) -> int:
         """How many rows referred to ``slot`` (content ``digest``) in this commit."""
