@@ -367,7 +367,17 @@ def test_a_full_disk_at_any_write_names_the_file_and_changes_nothing(tmp_path, s
     """A write that fails (a full disk, a file-size limit) at any point of a save: an
     OSError with its errno, naming the file it was writing and what, in one line; the
     previous memory is still current and nothing of the new one is left behind; the
-    index can be saved again."""
+    index can be saved again.  Each blob is written by a write of its own here (a commit
+    writes its blobs in runs of up to 1 MiB: a failure between two blobs is a failure
+    of a run's write too)."""
+    from memgas_gpu.storage import pack
+
+    with pytest.MonkeyPatch.context() as runs:
+        runs.setattr(pack, "WRITE_BYTES", 1)
+        _full_disk_at_any_write(tmp_path, small, monkeypatch, code)
+
+
+def _full_disk_at_any_write(tmp_path, small, monkeypatch, code):
     _, path = small
     f = _copy(path, tmp_path / "F")
     idx = load_index(f)

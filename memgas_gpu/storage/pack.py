@@ -31,6 +31,10 @@ DATA = "data"
 
 #: a pack past this size is closed: the next commit starts a new one
 PACK_BYTES = 256 << 20
+#: a commit's blobs are written in runs of about this many bytes (one write each: a
+#: commit of many small blobs, the reference counts' leaves and nodes, costs a few
+#: writes, not one per blob)
+WRITE_BYTES = 1 << 20
 _PACK_MAGIC = b"MGAS-PCK"
 _PACK_HEAD = struct.Struct("<8sIQ")
 PACK_HEADER_BYTES = _PACK_HEAD.size + 4
@@ -89,6 +93,8 @@ class PackWriter:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
             self.start = self.end = self.packs[self.pack]["end"]
         self.written = 0
+        self.pending = bytearray()  # blobs put, not written yet, from pending_at
+        self.pending_at = self.end
 
     created: Optional[int] = None
 
@@ -104,7 +110,16 @@ class PackWriter:
         self.created = self.pack
 
     def put(self, data: bytes) -> list:
-        files.append_at(self.fd, data, self.end, self.path, "a commit")
+        """Append ``data`` (written with the next run, at the latest by :meth:`sync`)."""
+        if len(data) >= WRITE_BYTES:  # a large blob: written as it is
+            self.flush()
+            files.append_at(self.fd, data, self.end, self.path, "a commit")
+        else:
+            if not self.pending:
+                self.pending_at = self.end
+            self.pending += data
+            if len(self.pending) >= WRITE_BYTES:
+                self.flush()
         ref = [self.pack, self.end, len(data), zlib.crc32(data)]
         self.end += len(data)
         self.written += len(data)
@@ -117,12 +132,22 @@ class PackWriter:
         if ref is not None and ref[0] in self.packs:
             self.packs[ref[0]]["live"] -= ref[2]
 
+    def flush(self) -> None:
+        """Write the blobs put since the last run (not fsync'd)."""
+        if self.pending:
+            files.append_at(self.fd, self.pending, self.pending_at, self.path, "a commit")
+            self.pending = bytearray()
+
     def sync(self) -> None:
+        self.flush()
         os.fsync(self.fd)
 
     def close(self, failed: bool = False) -> None:
         """Close the pack; ``failed``: take back what this commit appended (the pack it
         created removed, or the last one cut back), best effort."""
+        if not failed:
+            self.flush()
+        self.pending = bytearray()
         if self.fd >= 0:
             if failed and self.created is None:
                 try:
