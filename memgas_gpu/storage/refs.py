@@ -230,9 +230,12 @@ class RefTree:
         """``{slot: count}`` of every live slot (every leaf read), checked against the
         root's ``live``."""
         out: dict = {}
-        for leaf in range(N_LEAVES):
-            if self.leaf_ref(leaf) is not None:
-                out.update((s, c) for s, (_, c) in self.leaf(leaf).items())
+        prefixes = [0]  # the nodes of one level holding some entry
+        for level in range(1, LEVELS + 1):
+            prefixes = [p * FANOUT + i for p in prefixes
+                        for i, ref in enumerate(self._node(level, p)) if ref is not None]
+        for leaf in prefixes:
+            out.update((s, c) for s, (_, c) in self.leaf(leaf).items())
         if len(out) != self.live:
             raise IndexFormatError(f"{self.where}: refs: {len(out)} entries, the root says "
                                    f"{self.live}")
