@@ -367,9 +367,8 @@ class SessionStore:
         digest (once, at the first write: an index that is only read never pays for
         it).  A memory opened on a folder whose commit keeps the counts reads the count
         of a slot the first time a write needs it (:class:`_CommitRefs`); one whose
-        commit does not (written before they were kept, or with lexical data, read
-        whole) reads every conversation's segment then, one at a time, keeping none of
-        them."""
+        commit does not (written before they were kept) reads every conversation's
+        segment then, one at a time, keeping none of them."""
         if self._refs is not None:
             return
         tree = self.commit_refs
@@ -510,19 +509,13 @@ class SessionStore:
         return (self._refs is not None
                 and self.garbage > max(COMPACT_MIN_GARBAGE, self.n_slots // 2))
 
-    def compacted(self, refs: Optional[Tensor] = None) -> tuple["SessionStore", Tensor]:
+    def compacted(self, refs: Tensor) -> tuple["SessionStore", Tensor]:
         """A new store with the live slots only (old snapshots keep the old buffers) and
         a vocabulary of the terms they and the questions use, and ``[old n_slots]`` new
-        slot of each old slot (-1 for garbage).  ``refs``: the rows referring to each
-        slot, counted over every conversation (default: the store's counts)."""
-        if refs is not None:
-            refs = refs.tolist() + [0] * (self.n_slots - refs.numel())
-            self._refs, self._by_digest = refs, {
-                d: s for d, s in (self._by_digest or {}).items() if refs[s] > 0}
-        elif isinstance(self._refs, _CommitRefs):
-            self._refs = self._refs.tolist()
-        live = torch.tensor([r > 0 for r in self._refs], dtype=torch.bool)
-        keep = torch.nonzero(live).squeeze(1)
+        slot of each old slot (-1 for garbage).  ``refs``: ``[n_slots]`` rows referring
+        to each slot, counted over every conversation (not the store's counts, which a
+        commit may have kept wrong)."""
+        keep = torch.nonzero(refs > 0).squeeze(1)
         remap = torch.full((self.n_slots,), -1, dtype=torch.long)
         remap[keep] = torch.arange(keep.numel())
         t = self.tables().take(keep)
@@ -530,7 +523,7 @@ class SessionStore:
         lex = t.lexical_index() if t.lexical_base is not None else None
         new = SessionStore(t.gran, t.dense, t.turns, t.turn_ptr, t.turn_text, lex, t.digest,
                            self.generation + 1)
-        new._refs = [self._refs[i] for i in keep.tolist()]
+        new._refs = refs[keep].tolist()
         digests = new.digest.value().numpy()
         new._by_digest = {}
         for k in range(new.n_slots):  # every live slot's digest (the commit's too)

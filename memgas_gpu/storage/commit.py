@@ -115,9 +115,8 @@ class Written:
             read from the folder, where every leaf this process did not write is read
             (None: every leaf is in ``leaves``).
         bytes: the bytes the commit that made this wrote (its blobs; 0 when read).
-        refs_top, refs_live: the root's ``refs`` (None: a commit written before the
-            store's reference counts were kept; :mod:`.refs`).
-        ref_tree: the :class:`~memgas_gpu.storage.refs.RefTree` of the commit.
+        ref_tree: the :class:`~memgas_gpu.storage.refs.RefTree` of the commit's
+            reference counts (None: a commit written before they were kept).
         ref_slots: conversation id → ``(segment version, slots)`` as this process's
             commits counted them (the others count as the memory's base holds them).
     """
@@ -138,8 +137,6 @@ class Written:
     conversations: int = 0
     directory: object = None
     chunk_pages: list = field(default_factory=list)
-    refs_top: Optional[list] = None
-    refs_live: int = 0
     ref_tree: object = None
     ref_slots: dict = field(default_factory=dict)
 
@@ -346,7 +343,8 @@ def _write_refs(w: PackWriter, inp: CommitInput, written: Written, full: bool,
     t = inp.tables
     put_cache: list = []
     changed = inp.changed or {}
-    if full or written.refs_top is None:
+    tree = written.ref_tree
+    if full or tree is None:
         counts = _slot_counts(inp.segments, t.n_slots)
         if counts.numel() > t.n_slots:
             raise IndexFormatError(f"{w.folder}: a conversation refers to slot "
@@ -382,12 +380,11 @@ def _write_refs(w: PackWriter, inp: CommitInput, written: Written, full: bool,
         ref_slots[cid] = (version, seg.slots if seg is not None else None)
     affected = sorted(s for s, k in delta.items() if k)
     if not affected:
-        return list(written.refs_top), written.refs_live, ref_slots, put_cache
+        return list(tree.top), tree.live, ref_slots, put_cache
     dig = t.take(torch.tensor(affected, dtype=torch.int64)).digest
     raw = dig.numpy() if dig is not None else None
-    tree = written.ref_tree
     leaves = {}
-    live = written.refs_live
+    live = tree.live
     for k, s in enumerate(affected):
         d = raw[k].tobytes() if raw is not None else bytes(DIGEST_BYTES)
         leaf = ref_leaf(d, s)
@@ -405,7 +402,7 @@ def _write_refs(w: PackWriter, inp: CommitInput, written: Written, full: bool,
         else:
             entries.pop(s, None)
         live += (new > 0) - (old > 0)
-    top = write_tree(w, leaves, tree.node_refs, written.refs_top, put_cache)
+    top = write_tree(w, leaves, tree.node_refs, tree.top, put_cache)
     return top, live, ref_slots, put_cache
 
 
@@ -433,7 +430,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     files.make_dirs(folder / DATA)
     w = PackWriter(folder, written.packs, new_pack=full)
     try:
-        new = _append(w, inp, written, full)
+        new, put_cache = _append(w, inp, written, full)
         w.sync()  # every blob of the commit durable before the pointer names it
     except BaseException:
         w.close(failed=True)
@@ -441,14 +438,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     w.close()
     new.packs = w.packs
     new.bytes = w.written
-    put_cache, prev = new.ref_tree, old.ref_tree
-    where = f"{folder / pack_name(new.root[0])}: offset {new.root[1]}: the root"
-    if prev is not None and not full:  # the same packs, and the blobs read so far
-        new.ref_tree = RefTree(prev.reader, new.refs_top, new.refs_live, inp.tables.n_slots,
-                               where, prev.cache)
-    else:  # its own reader (closed with the last tree that reads it)
-        new.ref_tree = RefTree(PackReader(folder), new.refs_top, new.refs_live,
-                               inp.tables.n_slots, where, owns=True)
+    prev = old.ref_tree
     pointer = json_blob({"format": FORMAT_NAME, "version": FORMAT_VERSION,
                          "commit": new.commit, "root": new.root})
     try:
@@ -475,7 +465,7 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
                 if k in w.packs:
                     p["end"] = max(p["end"], w.packs[k]["end"])
         raise
-    if prev is not None and not full:
+    if prev is not None and prev.reader is new.ref_tree.reader:
         new.ref_tree.owns = prev.hand_over()
     elif prev is not None:
         prev.close()  # the packs it read are removed below
@@ -485,7 +475,10 @@ def write_commit(folder, inp: CommitInput, written: Written, full: bool = False)
     return new
 
 
-def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Written:
+def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool
+            ) -> tuple[Written, list]:
+    """Append the commit's blobs; what the folder then holds, and ``(ref, parsed)`` of
+    the reference-count blobs written (:func:`~memgas_gpu.storage.refs.write_tree`)."""
     t = inp.tables
     dtype = inp.dtype
     keys = frozenset(inp.graph_keys)
@@ -622,9 +615,6 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
                            "pages": [pages.get(i) for i in range(PAGES)]},
                 refs={"live": refs_live, "top": refs_top})
     # each pack's end and live bytes as of this commit (the root's own bytes included)
-    body = json_blob(root)
-    root_ref = [w.pack, w.end, 0, 0]
-    w.packs[w.pack]["live"] += 0
     root["packs"] = {str(k): v for k, v in w.packs.items()}
     for _ in range(3):  # the packs' figures include the root's own length
         body = json_blob(root)
@@ -633,13 +623,17 @@ def _append(w: PackWriter, inp: CommitInput, written: Written, full: bool) -> Wr
         root["packs"] = {str(k): v for k, v in sorted(ends.items())}
     body = json_blob(root)
     root_ref = w.put(body)
+    where = f"{w.folder / pack_name(root_ref[0])}: offset {root_ref[1]}: the root"
+    prev = written.ref_tree  # None for a full commit: a new pack, a reader of its own
+    tree = (RefTree(prev.reader, refs_top, refs_live, t.n_slots, where, prev.cache)
+            if prev is not None else
+            RefTree(PackReader(w.folder), refs_top, refs_live, t.n_slots, where, owns=True))
     return Written(commit=commit, root=root_ref, lsn=int(inp.lsn), generation=int(t.generation),
                    chunks=chunks, questions=qref, packs=w.packs, segments=segments,
                    leaves=leaves, pages=pages, next_ordinal=next_ordinal,
                    page_leaves=page_leaves, conversations=n_conv,
                    directory=None if full else written.directory, chunk_pages=chunk_pages,
-                   refs_top=refs_top, refs_live=refs_live, ref_tree=put_cache,
-                   ref_slots=ref_slots)
+                   ref_tree=tree, ref_slots=ref_slots), put_cache
 
 
 # ---------------------------------------------------------------------------- reading
@@ -842,9 +836,7 @@ def _read(r: PackReader, folder: Path, pointer: dict) -> tuple[Parts, Written]:
                       packs={int(k): dict(v) for k, v in root["packs"].items()},
                       pages={i: p for i, p in enumerate(directory.pages) if p is not None},
                       next_ordinal=directory.next_ordinal,
-                      conversations=directory.count, directory=directory,
-                      refs_top=tree.top if tree is not None else None,
-                      refs_live=tree.live if tree is not None else 0, ref_tree=tree)
+                      conversations=directory.count, directory=directory, ref_tree=tree)
     return Parts(header, store, directory, questions), written
 
 
